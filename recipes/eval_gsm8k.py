@@ -1,0 +1,56 @@
+"""GSM8K test accuracy of a model, a training checkpoint or a LoRA adapter folder.
+
+    python recipes/eval_gsm8k.py --model_name_or_path outputs/qwen2.5-1.5b-lora-gsm8k --limit 200
+    python recipes/eval_gsm8k.py --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct --maj_k 8 \\
+        --dataset_path ../shared/data/gsm8k
+
+Reports greedy pass@1 accuracy, strict (final answer in `\\boxed{}`, the trained format) and lenient (the answer
+anywhere in the completion), and with `--maj_k K` the majority vote over K sampled completions. Prints a table and
+writes the figures and every greedy completion to `--output_file` (default `<model folder or .>/eval_results.json`).
+"""
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+from transformers import HfArgumentParser, set_seed
+
+from trl_grpo_ext.data import load_gsm8k
+from trl_grpo_ext.evaluation import evaluate_gsm8k, format_table, load_model_for_eval, write_results
+
+
+@dataclass
+class EvalArguments:
+    model_name_or_path: str = field(metadata={"help": "Hub id or folder: model, checkpoint or LoRA adapter."})
+    dataset_path: str | None = field(default=None, metadata={"help": "Local GSM8K-format folder; default: Hub."})
+    limit: int | None = field(default=None, metadata={"help": "Evaluate only the first N test problems."})
+    batch_size: int = field(default=16, metadata={"help": "Prompts generated at once."})
+    max_new_tokens: int = field(default=512, metadata={"help": "Longest completion, in tokens."})
+    maj_k: int = field(default=0, metadata={"help": "Also report maj@k over K sampled completions (K > 1)."})
+    temperature: float = field(default=0.7, metadata={"help": "Sampling temperature for maj@k."})
+    dtype: str = field(default="auto", metadata={"help": "Weights dtype: auto, bfloat16, float16, float32."})
+    seed: int = field(default=42, metadata={"help": "Random seed (maj@k sampling)."})
+    output_file: str | None = field(default=None, metadata={"help": "JSON results path."})
+
+
+def main(args: EvalArguments) -> dict:
+    dataset = load_gsm8k("test", args.dataset_path, limit=args.limit)  # fails on bad data before loading the model
+    set_seed(args.seed)
+    model, tokenizer = load_model_for_eval(args.model_name_or_path, dtype=args.dtype)
+    results = evaluate_gsm8k(
+        model, tokenizer, dataset, args.max_new_tokens, args.batch_size, maj_k=args.maj_k, temperature=args.temperature
+    )
+    results["model"] = args.model_name_or_path
+    output_file = args.output_file
+    if output_file is None:
+        folder = args.model_name_or_path if os.path.isdir(args.model_name_or_path) else "."
+        output_file = os.path.join(folder, "eval_results.json")
+    path = write_results(results, os.path.dirname(output_file) or ".", os.path.basename(output_file))
+    print(format_table(results))
+    print(f"Saved {path}")
+    return results
+
+
+if __name__ == "__main__":
+    (eval_args,) = HfArgumentParser(EvalArguments).parse_args_into_dataclasses(sys.argv[1:])
+    main(eval_args)

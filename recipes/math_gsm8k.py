@@ -1,0 +1,133 @@
+"""GRPO on GSM8K math word problems with `trl_grpo_ext`, then an evaluation on held-out problems.
+
+Launch (any `GRPOConfig`, `ModelConfig` or script field can be overridden on the command line):
+
+    accelerate launch recipes/math_gsm8k.py --config recipes/configs/qwen2.5-1.5b-lora-24gb.yaml
+    python recipes/math_gsm8k.py --config recipes/configs/demo_cpu.yaml            # CPU demo, no download
+    python recipes/math_gsm8k.py --config recipes/configs/demo_cpu.yaml --dataset_path ../shared/data/gsm8k
+
+Data: the Hub dataset `openai/gsm8k` (config `main`) by default; `--dataset_path DIR` reads GSM8K-format
+`train.jsonl` / `test.jsonl` from a local folder; `--synthetic_problems N` uses N seeded generated problems instead
+(the CPU demo). After training, the model is evaluated on `--eval_limit` test problems (greedy pass@1, strict and
+lenient) and `eval_results.json` is written to `output_dir`.
+"""
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from datasets import Dataset
+from transformers import PrinterCallback
+from trl import ModelConfig, TrlParser, get_peft_config, get_quantization_config
+from trl.rewards import get_soft_overlong_punishment
+
+from trl_grpo_ext import GRPOConfig, GRPOTrainer
+from trl_grpo_ext.callbacks import MetricsTableCallback
+from trl_grpo_ext.data import load_gsm8k, synthetic_gsm8k, to_grpo_rows
+from trl_grpo_ext.evaluation import evaluate_gsm8k, format_table, write_results
+from trl_grpo_ext.rewards import REWARD_FUNCS
+from trl_grpo_ext.tiny_model import save_tiny_model
+
+
+@dataclass
+class GSM8KScriptArguments:
+    """Data, reward and evaluation settings of the GSM8K recipe (model and training settings are TRL's)."""
+
+    dataset_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Folder with GSM8K-format train.jsonl/test.jsonl (e.g. ../shared/data/gsm8k). Default: Hub."
+        },
+    )
+    synthetic_problems: int = field(
+        default=0,
+        metadata={"help": "When > 0 and no dataset_path: train on this many seeded generated problems (no download)."},
+    )
+    train_limit: int | None = field(default=None, metadata={"help": "Use only the first N training problems."})
+    eval_limit: int = field(default=200, metadata={"help": "Test problems to evaluate after training; 0 skips it."})
+    eval_batch_size: int = field(default=16, metadata={"help": "Prompts generated at once in the evaluation."})
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["gsm8k_accuracy", "gsm8k_format"],
+        metadata={"help": f"Reward functions by name: {', '.join(REWARD_FUNCS)}, soft_overlong_punishment."},
+    )
+    tiny_model: bool = field(
+        default=False,
+        metadata={
+            "help": "Build a tiny random-init Qwen2 model in <output_dir>/tiny-model and train it (no download)."
+        },
+    )
+
+
+def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_args: ModelConfig) -> dict:
+    # Data first, so a bad --dataset_path fails before any model is loaded.
+    if script_args.dataset_path is None and script_args.synthetic_problems > 0:
+        train_dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(script_args.synthetic_problems, seed=0)))
+        eval_dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(max(script_args.eval_limit, 1), seed=1)))
+    else:
+        train_dataset = load_gsm8k("train", script_args.dataset_path, limit=script_args.train_limit)
+        eval_dataset = load_gsm8k("test", script_args.dataset_path, limit=max(script_args.eval_limit, 1))
+
+    # Model: a local tiny one for the demo and tests, else model_name_or_path (Hub id or folder).
+    if script_args.tiny_model:
+        if model_args.model_name_or_path is not None:
+            raise ValueError(
+                f"tiny_model=True builds its own model; remove model_name_or_path={model_args.model_name_or_path!r}"
+            )
+        with training_args.main_process_first(desc="build tiny model"):
+            model_args.model_name_or_path = str(save_tiny_model(Path(training_args.output_dir) / "tiny-model"))
+    if model_args.model_name_or_path is None:
+        raise ValueError("model_name_or_path is required (or set tiny_model=True)")
+    training_args.model_init_kwargs = {
+        "revision": model_args.model_revision,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype,
+        **(training_args.model_init_kwargs or {}),
+    }
+
+    reward_registry = {
+        **REWARD_FUNCS,
+        "soft_overlong_punishment": get_soft_overlong_punishment(
+            max_completion_len=training_args.max_completion_length,
+            soft_punish_cache=training_args.max_completion_length // 2,
+        ),
+    }
+    unknown = [name for name in script_args.reward_funcs if name not in reward_registry]
+    if unknown:
+        raise ValueError(f"reward_funcs: unknown name(s) {unknown}; known: {sorted(reward_registry)}")
+
+    trainer = GRPOTrainer(
+        model=model_args.model_name_or_path,
+        reward_funcs=[reward_registry[name] for name in script_args.reward_funcs],
+        args=training_args,
+        train_dataset=train_dataset,
+        peft_config=get_peft_config(model_args),
+        quantization_config=get_quantization_config(model_args),
+        callbacks=[MetricsTableCallback()],
+    )
+    trainer.remove_callback(PrinterCallback)  # the table above replaces its raw dict of every logged value
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+
+    results = {}
+    if script_args.eval_limit > 0 and trainer.accelerator.is_main_process:
+        model = trainer.accelerator.unwrap_model(trainer.model).eval()
+        results = evaluate_gsm8k(
+            model,
+            trainer.processing_class,
+            eval_dataset.select(range(min(script_args.eval_limit, len(eval_dataset)))),
+            max_new_tokens=training_args.max_completion_length,
+            batch_size=script_args.eval_batch_size,
+        )
+        path = write_results(results, training_args.output_dir)
+        print(format_table(results))
+        print(f"Saved {path}")
+    trainer.accelerator.wait_for_everyone()
+    return results
+
+
+def make_parser() -> TrlParser:
+    return TrlParser((GSM8KScriptArguments, GRPOConfig, ModelConfig))
+
+
+if __name__ == "__main__":
+    main(*make_parser().parse_args_and_config(sys.argv[1:]))

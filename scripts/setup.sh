@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Create a virtual environment with trl-grpo-ext and its test tools: `bash scripts/setup.sh [VENV_DIR]` (default .venv).
+# torch is installed first and picked for the machine: the default (CUDA) build where an NVIDIA GPU answers, else the
+# CPU build torch==2.13.0. On this project's machines pip finds that CPU build as a local file; elsewhere point pip
+# at PyTorch's CPU wheel index first, e.g. PIP_EXTRA_INDEX_URL=<pytorch cpu index>. Set TORCH_SPEC to choose yourself.
+set -euo pipefail
+venv="${1:-.venv}"
+python="${PYTHON:-python3}"
+
+if [ ! -x "$venv/bin/python" ]; then
+  "$python" -m venv "$venv"
+fi
+pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+
+if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+  if [ -n "${TORCH_SPEC:-}" ]; then
+    spec="$TORCH_SPEC"
+  elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    spec="torch"
+  else
+    spec="torch==2.13.0"
+  fi
+  echo "Installing $spec into $venv"
+  "${pip[@]}" "$spec"
+fi
+echo "Installing trl-grpo-ext (editable) with its test tools into $venv"
+"${pip[@]}" -e ".[test]"
+touch "$venv/.installed"

@@ -1,0 +1,25 @@
+"""The per-step metrics table and the reward/entropy plot of the recipes."""
+
+from types import SimpleNamespace
+
+from trl_grpo_ext.callbacks import MetricsTableCallback
+
+
+def test_table_rows_history_and_plot(tmp_path, capsys):
+    callback = MetricsTableCallback()
+    args = SimpleNamespace(output_dir=str(tmp_path))
+    for step, reward in [(1, 0.25), (2, 0.5), (3, None)]:
+        state = SimpleNamespace(is_world_process_zero=True, global_step=step)
+        logs = {"reward": reward, "reward_std": 0.1, "entropy": 2.0 - step / 10, "step_time": 0.5}
+        callback.on_log(args, state, None, logs=logs)
+    callback.on_log(args, state, None, logs={"train_runtime": 3.0})  # the closing summary is no step row
+    callback.on_train_end(args, state, None)
+
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:4] == ["step", "reward", "reward", "std"]
+    assert out[1].split() == ["1", "0.2500", "0.1000", "1.9000", "-", "0.500"]
+    assert out[3].split()[1] == "-"  # a missing value prints as "-"
+    assert out[4] == "train_runtime: 3.0 s for 3 steps"
+    assert len((tmp_path / "training_metrics.jsonl").read_text().splitlines()) == 3
+    png = (tmp_path / "training_curves.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

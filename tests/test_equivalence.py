@@ -1,0 +1,95 @@
+"""With default settings our GRPOTrainer is stock trl.GRPOTrainer: same losses, rewards, grad norms and weights."""
+
+import math
+
+import pytest
+import torch
+import trl
+from datasets import Dataset
+from transformers import AutoModelForCausalLM
+
+from tests.conftest import small_grpo_kwargs
+from trl_grpo_ext import GRPOConfig, GRPOTrainer
+from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows
+from trl_grpo_ext.rewards import gsm8k_format
+
+# Timing keys differ between any two runs; every other logged value must match exactly.
+TIMING_KEYS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+
+
+def length_reward(completions, **kwargs):
+    """A reward with spread on a random model: completion length in characters modulo 5, scaled to [0, 0.8]."""
+    return [(len(c[0]["content"]) % 5) / 5 for c in completions]
+
+
+def _train(trainer_cls, config_cls, model_dir, output_dir, **overrides):
+    dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(32, seed=3)))
+    args = config_cls(**small_grpo_kwargs(output_dir, **overrides))
+    trainer = trainer_cls(
+        model=model_dir, reward_funcs=[length_reward, gsm8k_format], args=args, train_dataset=dataset
+    )
+    trainer.train()
+    logs = [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in trainer.state.log_history]
+    params = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    return logs, params
+
+
+def _max_abs_diff(logs_a, logs_b, params_a, params_b) -> float:
+    assert [sorted(row) for row in logs_a] == [sorted(row) for row in logs_b]
+    diffs = [
+        abs(a[k] - b[k])
+        for a, b in zip(logs_a, logs_b, strict=True)
+        for k in a
+        if not (math.isnan(a[k]) and math.isnan(b[k]))
+    ]
+    assert params_a.keys() == params_b.keys()
+    diffs += [(params_a[n] - params_b[n]).abs().max().item() for n in params_a]
+    return max(diffs)
+
+
+@pytest.mark.parametrize(
+    "overrides", [{}, {"beta": 0.04, "num_iterations": 2, "loss_type": "grpo"}], ids=["default", "kl"]
+)
+def test_default_settings_reproduce_stock_trl_exactly(tiny_model_dir, tmp_path, overrides):
+    logs_trl, params_trl = _train(trl.GRPOTrainer, trl.GRPOConfig, tiny_model_dir, tmp_path / "trl", **overrides)
+    logs_ext, params_ext = _train(GRPOTrainer, GRPOConfig, tiny_model_dir, tmp_path / "ext", **overrides)
+
+    # Training happened and moved the weights, so the comparison below is not between two untouched models.
+    initial = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters())
+    assert max((params_ext[n] - initial[n]).abs().max().item() for n in initial) > 1e-4
+    assert all(row["reward_std"] > 0 for row in logs_ext if "reward_std" in row)
+
+    max_diff = _max_abs_diff(logs_trl, logs_ext, params_trl, params_ext)
+    print(f"max abs difference, trl vs trl_grpo_ext ({overrides or 'defaults'}): {max_diff}")
+    assert max_diff == 0.0  # CPU, same seed: every op is deterministic, so the runs are bit for bit the same
+    for row_trl, row_ext in zip(logs_trl, logs_ext, strict=True):
+        for key in ("loss", "reward", "grad_norm"):
+            if key in row_trl:
+                assert row_trl[key] == row_ext[key]
+
+
+def test_trainer_accepts_plain_trl_config(tiny_model_dir, tmp_path):
+    """A script that swapped only the trainer import keeps working, with identical results."""
+    logs_ext, params_ext = _train(GRPOTrainer, GRPOConfig, tiny_model_dir, tmp_path / "ext", max_steps=2)
+    logs_mix, params_mix = _train(GRPOTrainer, trl.GRPOConfig, tiny_model_dir, tmp_path / "mix", max_steps=2)
+    assert _max_abs_diff(logs_ext, logs_mix, params_ext, params_mix) == 0.0
+
+
+def test_config_from_trl_copies_every_value():
+    trl_args = trl.GRPOConfig(
+        output_dir="x", num_generations=4, beta=0.1, scale_rewards=False, use_cpu=True, bf16=False
+    )
+    args = GRPOConfig.from_trl(trl_args)
+    assert isinstance(args, GRPOConfig)
+    assert (args.num_generations, args.beta, args.scale_rewards) == (4, 0.1, "none")
+    with pytest.raises(TypeError, match="trl.GRPOConfig"):
+        GRPOConfig.from_trl({"output_dir": "x"})
+
+
+def test_trainer_is_a_trl_grpo_trainer(tiny_model_dir, tmp_path):
+    dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(8)))
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path))
+    trainer = GRPOTrainer(model=tiny_model_dir, reward_funcs=[length_reward], args=args, train_dataset=dataset)
+    assert isinstance(trainer, trl.GRPOTrainer)
+    assert isinstance(trainer.args, GRPOConfig)
+    assert isinstance(next(trainer.model.parameters()), torch.Tensor)

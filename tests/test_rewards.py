@@ -1,0 +1,239 @@
+r"""Reward table for `trl_grpo_ext.rewards`: literal completions with the expected (lenient accuracy, strict accuracy,
+format) rewards, each run as a plain string and as a conversational completion."""
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from trl_grpo_ext.rewards import (
+    REWARD_FUNCS,
+    answer_is_correct,
+    extract_final_answer,
+    gold_answer_from_solution,
+    gsm8k_accuracy,
+    gsm8k_format,
+    gsm8k_strict_accuracy,
+)
+
+GSM8K_DIR = Path(__file__).parents[1] / ".." / "shared" / "data" / "gsm8k"
+
+# 30 non-whitespace characters of reasoning: enough for gsm8k_format's 20-character minimum.
+R = "First 48 / 2 = 24, then 48 + 24 = 72 in all.\n"
+
+# (id, completion, gold, lenient accuracy, strict accuracy, format)
+TABLE = [
+    ("right_boxed", R + r"The answer is $\boxed{72}$.", "72", 1, 1, 1),
+    ("wrong_boxed", R + r"\boxed{71}", "72", 0, 0, 1),
+    ("thousands_comma", R + r"\boxed{1,234}", "1234", 1, 1, 1),
+    ("thousands_comma_millions", R + r"\boxed{12,345,678}", "12345678", 1, 1, 1),
+    ("thousands_thin_space", R + r"\boxed{1\,234}", "1234", 1, 1, 1),  # math-verify alone reads 235
+    ("thousands_space", R + r"\boxed{1 234}", "1234", 1, 1, 1),  # math-verify alone reads 235
+    ("dollar_in_box", R + r"$\boxed{\$18.00}$", "18", 1, 1, 1),
+    ("dollar_plain_text", "She pays $18.00 in total.", "18", 1, 0, 0),
+    ("dollars_word_plain_text", "So she earns 18 dollars.", "18", 1, 0, 0),
+    ("dollars_word_in_box", R + r"\boxed{18 dollars}", "18", 1, 1, 1),  # LaTeX alone: 18*d*o*l*l*a*r*s
+    ("text_unit_in_box", R + r"\boxed{18 \text{ dollars}}", "18", 1, 1, 1),
+    ("percent_in_box", R + r"\boxed{50\%}", "50", 1, 1, 1),  # verify accepts 50% as 50 or as 0.5
+    ("trailing_dot_in_box", R + r"\boxed{72.}", "72", 1, 1, 1),
+    ("negative_boxed", R + r"\boxed{-3}", "-3", 1, 1, 1),
+    ("negative_plain_text", "The temperature ends at -3", "-3", 1, 0, 0),
+    ("wrong_sign", R + r"\boxed{3}", "-3", 0, 0, 1),
+    ("slash_fraction_vs_decimal", R + r"\boxed{1/2}", "0.5", 1, 1, 1),
+    ("latex_fraction_vs_decimal", R + r"\boxed{\frac{1}{2}}", "0.5", 1, 1, 1),
+    ("trailing_zero_decimal", R + r"\boxed{0.50}", "0.5", 1, 1, 1),
+    ("two_boxed_last_right", R + r"\boxed{5} Wait, 3 more: \boxed{8}", "8", 1, 1, 0),
+    ("two_boxed_first_right", R + r"\boxed{5} Wait, 3 more: \boxed{8}", "5", 0, 0, 0),
+    ("nested_boxed", R + r"\boxed{\boxed{72}}", "72", 1, 1, 0),
+    ("display_math_box", R + r"\[\boxed{72}\]", "72", 1, 1, 1),
+    ("no_reasoning", r"\boxed{72}", "72", 1, 1, 0),
+    ("reasoning_after_box", R + r"\boxed{72} and now let me explain it all again, step by step.", "72", 1, 1, 0),
+    ("final_answer_phrase_beats_last_number", "The final answer is 72. Note 3 apples are left.", "72", 1, 0, 0),
+    ("last_number_wrong", "3 + 4 = 7, so 8 remain", "7", 0, 0, 0),
+    ("no_answer", "I do not know how to solve this.", "7", 0, 0, 0),
+    ("boxed_without_brace", R + r"\boxed 72", "72", 1, 0, 0),
+    ("empty_box", R + r"\boxed{}", "0", 0, 0, 0),  # an empty box is a (wrong) answer: no fallback to 72
+    ("whitespace_box", R + r"\boxed{   }", "72", 0, 0, 0),
+    ("unclosed_box", R + r"\boxed{18", "18", 0, 0, 0),  # no complete box; last number "72" is wrong
+    ("unclosed_inner_brace", R + r"\boxed{\frac{1}{2}", "0.5", 0, 0, 0),
+    ("stray_braces", "}}}{{{ \\boxed}{ {", "1", 0, 0, 0),
+    ("word_in_box", R + r"\boxed{\text{seventy-two}}", "72", 0, 0, 1),
+    ("empty", "", "1", 0, 0, 0),
+    ("whitespace", "  \n\t ", "1", 0, 0, 0),
+    ("garbage_text", "asdf qwer zxcv", "1", 0, 0, 0),
+    ("garbage_control_chars", "\x00\xff\xfe\ud7ff\x1b[31m", "1", 0, 0, 0),
+    ("none", None, "1", 0, 0, 0),
+    ("bytes", b"\x00\xff\\boxed{1}", "1", 0, 0, 0),
+    ("unparseable_gold", R + r"\boxed{72}", "seventy-two", 0, 0, 1),
+]
+
+
+def _conversational(completion):
+    return [{"role": "assistant", "content": completion}]
+
+
+@pytest.mark.parametrize("form", ["string", "conversational"])
+@pytest.mark.parametrize(
+    ("completion", "gold", "lenient", "strict", "fmt"), [row[1:] for row in TABLE], ids=[row[0] for row in TABLE]
+)
+def test_reward_table(completion, gold, lenient, strict, fmt, form):
+    completions = [completion if form == "string" else _conversational(completion)]
+    assert gsm8k_accuracy(completions, [gold]) == [float(lenient)]
+    assert gsm8k_strict_accuracy(completions, [gold]) == [float(strict)]
+    assert gsm8k_format(completions) == [float(fmt)]
+
+
+def test_batch_keeps_order_and_length():
+    rows = TABLE[:6]
+    completions = [row[1] for row in rows]
+    answers = [row[2] for row in rows]
+    assert gsm8k_accuracy(completions, answers) == [float(row[3]) for row in rows]
+    assert gsm8k_format(completions, answer=answers, prompts=["p"] * len(rows)) == [float(row[5]) for row in rows]
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        [],  # no message
+        [{"role": "assistant"}],  # no "content"
+        [{"role": "assistant", "content": None}],
+        [{"role": "assistant", "content": 72}],
+        ["72"],  # a list of strings is not a message list
+        [None],
+    ],
+)
+def test_malformed_conversational_scores_zero(completion):
+    assert gsm8k_accuracy([completion], ["72"]) == [0.0]
+    assert gsm8k_strict_accuracy([completion], ["72"]) == [0.0]
+    assert gsm8k_format([completion]) == [0.0]
+
+
+def test_conversational_reads_last_message_and_text_parts():
+    last = [{"role": "assistant", "content": "\\boxed{1}"}, {"role": "assistant", "content": R + "\\boxed{72}"}]
+    parts = [{"role": "assistant", "content": [{"type": "text", "text": R}, {"type": "text", "text": "\\boxed{72}"}]}]
+    assert gsm8k_accuracy([last, parts], ["72", "72"]) == [1.0, 1.0]
+    assert gsm8k_format([last, parts]) == [1.0, 1.0]
+
+
+def test_mismatched_lengths_raise():
+    with pytest.raises(ValueError, match=r"completions \(2\) and answer \(1\)"):
+        gsm8k_accuracy(["1", "2"], ["1"])
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        R * 23_000 + "\\boxed{72}",  # ~1 MB of reasoning, answer at the end
+        "{" * 1_000_000,
+        "\\boxed{" + "{" * 1_000_000,
+        "\\boxed{72}" * 100_000,  # 1 MB of boxes
+        "1 + " * 250_000,
+    ],
+    ids=["long_reasoning", "open_braces", "unclosed_box", "many_boxes", "long_expression"],
+)
+def test_one_megabyte_completion_is_fast(completion):
+    # Loose bound: a regression to parsing the whole text takes seconds to minutes, not tens of milliseconds.
+    start = time.perf_counter()
+    lenient = gsm8k_accuracy([completion], ["72"])
+    strict = gsm8k_strict_accuracy([completion], ["72"])
+    fmt = gsm8k_format([completion])
+    assert time.perf_counter() - start < 5.0
+    is_long_reasoning = completion.startswith(R)
+    assert fmt == [float(is_long_reasoning)]
+    assert strict == [float(is_long_reasoning or completion.startswith("\\boxed{72}"))]
+    assert lenient == strict
+
+
+def test_non_main_thread():
+    # math-verify's signal.alarm timeouts raise outside the main thread unless disabled; a failure would show as 0.0.
+    results = {}
+
+    def work():
+        completions = [R + r"\boxed{1,234}", R + r"\boxed{1/2}", "She pays $18.00.", R + r"\boxed{5}"]
+        results["accuracy"] = gsm8k_accuracy(completions, ["1234", "0.5", "18", "6"])
+        results["format"] = gsm8k_format(completions)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(timeout=60)
+    assert results == {"accuracy": [1.0, 1.0, 1.0, 0.0], "format": [1.0, 1.0, 0.0, 1.0]}
+
+
+@pytest.mark.parametrize(
+    ("text", "strict", "expected"),
+    [
+        (R + r"\boxed{1,234}", True, "1,234"),
+        (R + r"\boxed{5} then \boxed{ 8 }", True, "8"),
+        (R + r"\boxed{5} then \boxed{8", True, "5"),  # an unclosed box is skipped
+        ("She pays $18.00.", True, None),
+        ("She pays $18.00.", False, "18.00"),
+        ("She has 1,234 apples.", False, "1234"),
+        (R + r"\boxed{}", False, ""),
+        ("no numbers here", False, None),
+        (None, False, None),
+    ],
+)
+def test_extract_final_answer(text, strict, expected):
+    assert extract_final_answer(text, strict=strict) == expected
+
+
+@pytest.mark.parametrize(
+    ("prediction", "gold", "expected"),
+    [("1/2", "0.5", True), ("0.5", "1/2", True), ("18.00", "$18", True), ("1,234", "1,234", True), ("7", "8", False)]
+    + [(None, "1", False), ("1", None, False), ("1", "", False)],
+)
+def test_answer_is_correct(prediction, gold, expected):
+    assert answer_is_correct(prediction, gold) is expected
+
+
+@pytest.mark.parametrize(
+    ("solution", "expected"),
+    [
+        ("3 * 4 = <<3*4=12>>12\n#### 12", "12"),
+        ("It costs 1,000 + 234.\n#### 1,234", "1234"),
+        ("#### $18", "18"),
+        ("He owes 10 - 13.\n####  -3 ", "-3"),
+        ("#### 0.5", "0.5"),
+        ("#### 1\n#### 2", "2"),  # the last #### line
+        ("The answer is 12.", None),
+        ("#### ", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_gold_answer_from_solution(solution, expected):
+    assert gold_answer_from_solution(solution) == expected
+
+
+def test_registry():
+    assert REWARD_FUNCS == {
+        "gsm8k_accuracy": gsm8k_accuracy,
+        "gsm8k_strict_accuracy": gsm8k_strict_accuracy,
+        "gsm8k_format": gsm8k_format,
+    }
+    assert all(func.__name__ == name for name, func in REWARD_FUNCS.items())  # TRL logs rewards/<__name__>/mean
+
+
+def _gsm8k_rows(split: str, n: int) -> list[dict]:
+    path = GSM8K_DIR / f"{split}.jsonl"
+    if not path.exists():
+        pytest.skip(f"GSM8K data not found at {path.resolve()} (the shared data folder next to the repository)")
+    with path.open() as f:
+        return [json.loads(line) for line, _ in zip(f, range(n), strict=False)]
+
+
+def test_real_gsm8k_gold_answers_score_one():
+    rows = _gsm8k_rows("train", 200)
+    golds = [gold_answer_from_solution(row["answer"]) for row in rows]
+    assert len(golds) == 200 and None not in golds
+    [float(gold) for gold in golds]  # every gold is a plain number
+    assert any(int(gold) >= 1000 for gold in golds)  # the slice covers thousands (written "1,080" in the data)
+    boxed = [f"... \\boxed{{{gold}}}" for gold in golds]
+    assert gsm8k_accuracy(boxed, golds) == [1.0] * 200
+    assert gsm8k_strict_accuracy(boxed, golds) == [1.0] * 200
+    with_commas = [f"... \\boxed{{{int(gold):,}}}" for gold in golds]
+    assert gsm8k_accuracy(with_commas, golds) == [1.0] * 200
+    off_by_one = [f"... \\boxed{{{int(gold) + 1}}}" for gold in golds]
+    assert gsm8k_accuracy(off_by_one, golds) == [0.0] * 200

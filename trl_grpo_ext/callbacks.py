@@ -1,0 +1,87 @@
+"""`MetricsTableCallback`: a per-step table of the GRPO metrics on stdout and a PNG plot of them in `output_dir`."""
+
+import json
+import math
+import os
+
+import numpy as np
+from transformers import TrainerCallback
+
+# (logged key, column title, format) in the order the table prints them; TRL's GRPOTrainer logs every key.
+COLUMNS = (
+    ("reward", "reward", "{:>8.4f}"),
+    ("reward_std", "reward std", "{:>10.4f}"),
+    ("entropy", "entropy", "{:>8.4f}"),
+    ("completions/mean_length", "length", "{:>7.1f}"),
+    ("step_time", "step time (s)", "{:>13.3f}"),
+)
+PLOT_NAME = "training_curves.png"
+HISTORY_NAME = "training_metrics.jsonl"
+
+
+class MetricsTableCallback(TrainerCallback):
+    """Print one table row per logged training step and, at the end, plot reward and entropy against the step.
+
+    Rows come from the logs TRL's `GRPOTrainer` writes (`reward`, `reward_std`, `entropy` in nats per token,
+    `completions/mean_length` in tokens, `step_time` in seconds), so `logging_steps=1` gives a row per step. At the end
+    of training the main process writes `<output_dir>/training_metrics.jsonl` (one logged row a line) and
+    `<output_dir>/training_curves.png`.
+    """
+
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        if "train_runtime" in logs:  # the Trainer's closing summary
+            print(f"train_runtime: {logs['train_runtime']:.1f} s for {state.global_step} steps", flush=True)
+            return
+        if "reward" not in logs:
+            return
+        row = {"step": state.global_step, **{key: logs.get(key) for key, _, _ in COLUMNS}}
+        if not self.rows:
+            print(" ".join(["step".rjust(5), *(title.rjust(len(fmt.format(0.0))) for _, title, fmt in COLUMNS)]))
+        self.rows.append(row)
+        cells = [_format(row[key], fmt) for key, _, fmt in COLUMNS]
+        print(" ".join([str(row["step"]).rjust(5), *cells]), flush=True)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero or not self.rows:
+            return
+        os.makedirs(args.output_dir, exist_ok=True)
+        with open(os.path.join(args.output_dir, HISTORY_NAME), "w") as f:
+            f.writelines(json.dumps(row) + "\n" for row in self.rows)
+        plot_path = plot_curves(self.rows, os.path.join(args.output_dir, PLOT_NAME))
+        print(f"Saved {plot_path}")
+
+
+def _format(value, fmt: str) -> str:
+    width = len(fmt.format(0.0))
+    return "-".rjust(width) if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
+
+
+def plot_curves(rows: list[dict], path: str) -> str:
+    """Plot mean reward (with ± one reward std band) and entropy against the step into a PNG at `path`; return it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def series(key: str) -> np.ndarray:  # a missing value (TRL logs None when no reward was valid) is a gap
+        return np.array([np.nan if row.get(key) is None else row[key] for row in rows], dtype=float)
+
+    steps, reward, std = [row["step"] for row in rows], series("reward"), series("reward_std")
+    fig, (ax_reward, ax_entropy) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax_reward.plot(steps, reward, marker="o", markersize=3, label="mean reward")
+    ax_reward.fill_between(steps, reward - std, reward + std, alpha=0.2, label="± std")
+    ax_reward.set(xlabel="step", ylabel="reward", title="Reward")
+    ax_reward.legend()
+    ax_entropy.plot(steps, series("entropy"), color="tab:orange", marker="o", markersize=3)
+    ax_entropy.set(xlabel="step", ylabel="nats / token", title="Entropy of the policy")
+    for ax in (ax_reward, ax_entropy):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

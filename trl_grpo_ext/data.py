@@ -1,0 +1,148 @@
+"""GSM8K data: reading and checking GSM8K-format rows, chat prompts, and a seeded generator of similar problems.
+
+GSM8K (Cobbe et al., arXiv:2110.14168) rows have a `question` and an `answer` whose last line is `#### N`. For GRPO a
+row becomes `{"prompt": [system, user messages], "answer": "N"}`: TRL passes the `answer` column to every reward
+function as a keyword argument.
+"""
+
+import json
+import logging
+import os
+import random
+from pathlib import Path
+
+from datasets import Dataset
+
+from .rewards import gold_answer_from_solution
+
+logger = logging.getLogger(__name__)
+
+HUB_DATASET = "openai/gsm8k"
+HUB_CONFIG = "main"
+SYSTEM_PROMPT = (
+    "You are a careful math tutor. Solve the problem step by step, then give the final answer as a number in "
+    "\\boxed{}, for example \\boxed{42}."
+)
+REQUIRED_FIELDS = ("question", "answer")
+
+
+class DatasetFormatError(ValueError):
+    """A GSM8K-format file that cannot be used: missing, empty, not JSON, or a row without a required field."""
+
+
+def read_gsm8k_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Read a GSM8K-format JSON-lines file: one `{"question": str, "answer": str}` object a line.
+
+    Raises:
+        DatasetFormatError: the file is missing or empty, a line is not a JSON object, or a row lacks `question` or
+            `answer`; the message names the file, the 1-based line and the field.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetFormatError(f"{path}: file not found (expected GSM8K-format JSON lines)")
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DatasetFormatError(f"{path}:{line_no}: not valid JSON ({e.msg})") from e
+            if not isinstance(row, dict):
+                raise DatasetFormatError(f"{path}:{line_no}: expected a JSON object, got {type(row).__name__}")
+            for field in REQUIRED_FIELDS:
+                if not isinstance(row.get(field), str):
+                    raise DatasetFormatError(f"{path}:{line_no}: missing string field '{field}'")
+            rows.append({"question": row["question"], "answer": row["answer"], "line": line_no})
+    if not rows:
+        raise DatasetFormatError(f"{path}: file is empty (expected GSM8K-format JSON lines)")
+    return rows
+
+
+def check_dataset_path(dataset_path: str | os.PathLike, splits: tuple[str, ...] = ("train", "test")) -> dict:
+    """Read `<dataset_path>/<split>.jsonl` for every split and return `{split: rows}`; see `read_gsm8k_jsonl`.
+
+    Raises:
+        DatasetFormatError: the folder is missing, or any split file fails `read_gsm8k_jsonl`.
+    """
+    folder = Path(dataset_path)
+    if not folder.is_dir():
+        raise DatasetFormatError(
+            f"dataset_path={str(dataset_path)!r}: no such folder (expected train.jsonl/test.jsonl)"
+        )
+    return {split: read_gsm8k_jsonl(folder / f"{split}.jsonl") for split in splits}
+
+
+def to_grpo_rows(rows: list[dict], source: str = "gsm8k") -> list[dict]:
+    """Turn GSM8K rows into GRPO rows `{"prompt": messages, "answer": gold number}`.
+
+    A row whose `answer` has no `#### N` line is reported (warning with its line or index) and skipped.
+    """
+    out = []
+    for index, row in enumerate(rows):
+        gold = gold_answer_from_solution(row["answer"])
+        if gold is None:
+            where = f"line {row['line']}" if "line" in row else f"row {index}"
+            logger.warning("%s %s: answer has no '#### N' line; row skipped", source, where)
+            continue
+        prompt = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": row["question"]}]
+        out.append({"prompt": prompt, "answer": gold})
+    return out
+
+
+def load_gsm8k(split: str, dataset_path: str | os.PathLike | None = None, limit: int | None = None) -> Dataset:
+    """GSM8K `split` ("train" or "test") as GRPO rows, from `dataset_path` if given, else from the Hub.
+
+    Args:
+        split: "train" or "test".
+        dataset_path: folder with GSM8K-format `train.jsonl` / `test.jsonl` (as `../shared/data/gsm8k`); None loads
+            `openai/gsm8k` (config `main`) from the Hugging Face Hub.
+        limit: keep the first `limit` usable rows.
+
+    Raises:
+        DatasetFormatError: see `check_dataset_path`.
+    """
+    if dataset_path is not None:
+        rows = check_dataset_path(dataset_path, splits=(split,))[split]
+        source = str(Path(dataset_path) / f"{split}.jsonl")
+    else:
+        from datasets import load_dataset
+
+        rows = list(load_dataset(HUB_DATASET, HUB_CONFIG, split=split))
+        source = f"{HUB_DATASET}[{split}]"
+    grpo_rows = to_grpo_rows(rows, source=source)
+    if limit is not None:
+        grpo_rows = grpo_rows[:limit]
+    return Dataset.from_list(grpo_rows)
+
+
+_NAMES = ["Ava", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Jo"]
+_ITEMS = ["apples", "pencils", "marbles", "stickers", "books", "cookies", "shells", "cards"]
+
+
+def synthetic_gsm8k(n: int, seed: int = 0) -> list[dict]:
+    """`n` seeded arithmetic word problems in GSM8K format (`question`, `answer` ending in `#### N`).
+
+    One or two steps of +, -, x with small numbers; the same `seed` gives the same problems. Used by the CPU demo
+    and to train the tiny tokenizer, so nothing is downloaded.
+    """
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+        a, b, c = rng.randint(2, 20), rng.randint(2, 12), rng.randint(1, 9)
+        kind = rng.randrange(3)
+        if kind == 0:
+            question = f"{name} has {a} {item} and buys {b} more. How many {item} does {name} have now?"
+            steps, result = f"{a} + {b} = {a + b}", a + b
+        elif kind == 1:
+            question = f"{name} buys {b} bags with {a} {item} in each bag. How many {item} is that in total?"
+            steps, result = f"{b} * {a} = {a * b}", a * b
+        else:
+            question = (
+                f"{name} has {a + b} {item}, gives away {b} and then finds {c} more. How many {item} does {name} have?"
+            )
+            steps, result = f"{a + b} - {b} = {a}\n{a} + {c} = {a + c}", a + c
+        rows.append({"question": question, "answer": f"{steps}\n#### {result}"})
+    return rows

@@ -1,0 +1,161 @@
+"""GSM8K evaluation: batched generation, greedy pass@1 (strict and lenient) and majority vote over k samples.
+
+Strict accuracy counts an answer only in the required format (a final `\\boxed{}`); lenient accuracy accepts the
+answer anywhere in the completion. maj@k (Wang et al., self-consistency, arXiv:2203.11171) samples k completions per
+problem and scores the most frequent extracted answer.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from .rewards import answer_is_correct, extract_final_answer, gsm8k_accuracy, gsm8k_strict_accuracy
+
+
+def load_model_for_eval(path: str, dtype: str = "auto", device: str | None = None):
+    """Load a model folder, a Trainer checkpoint or a LoRA adapter folder (merged into its base) and its tokenizer.
+
+    An adapter folder is one with `adapter_config.json`; its base model is read from there. The tokenizer comes from
+    `path` when it has one, else from the base model. Returns `(model in eval mode, tokenizer with left padding)`.
+    """
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    is_adapter = (Path(path) / "adapter_config.json").is_file()
+    if is_adapter:
+        from peft import AutoPeftModelForCausalLM, PeftConfig
+
+        model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype).merge_and_unload()
+        base = PeftConfig.from_pretrained(path).base_model_name_or_path
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        base = path
+    tokenizer_path = path if (Path(path) / "tokenizer_config.json").is_file() else base
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, padding_side="left")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(device).eval(), tokenizer
+
+
+@torch.no_grad()
+def generate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[list[dict]],
+    max_new_tokens: int = 512,
+    batch_size: int = 16,
+    num_samples: int = 1,
+    temperature: float = 0.0,
+) -> list[list[str]]:
+    """Complete every chat prompt `num_samples` times; return `len(prompts)` lists of `num_samples` texts.
+
+    `temperature == 0` is greedy decoding (then `num_samples` must be 1). Prompts are rendered with the tokenizer's
+    chat template and generated `batch_size` at a time with left padding.
+
+    Raises:
+        ValueError: `temperature == 0` with `num_samples > 1` (every greedy sample would be the same).
+    """
+    if temperature == 0 and num_samples > 1:
+        raise ValueError(f"num_samples={num_samples} needs temperature > 0; greedy decoding gives identical samples")
+    tokenizer.padding_side = "left"
+    sampling = (
+        {"do_sample": True, "temperature": temperature, "top_p": 1.0} if temperature > 0 else {"do_sample": False}
+    )
+    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    outputs: list[list[str]] = []
+    for start in range(0, len(texts), batch_size):
+        batch = tokenizer(
+            texts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
+        )
+        batch = batch.to(model.device)
+        generated = model.generate(
+            **batch,
+            max_new_tokens=max_new_tokens,
+            num_return_sequences=num_samples,
+            pad_token_id=tokenizer.pad_token_id,
+            top_k=None,
+            **sampling,
+        )  # (b*num_samples, prompt_len + new)
+        decoded = tokenizer.batch_decode(generated[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+        outputs += [decoded[i : i + num_samples] for i in range(0, len(decoded), num_samples)]
+    return outputs
+
+
+def majority_answer(completions: list[str]) -> str | None:
+    """The most frequent lenient answer among `completions`; None if none has one.
+
+    Answers that are mathematically equal ("18", "18.00", "\\$18") count as one, by `answer_is_correct`; on a tie the
+    answer seen first wins.
+    """
+    votes: list[list] = []  # [representative answer, count], in order of first appearance
+    for text in completions:
+        answer = extract_final_answer(text, strict=False)
+        if answer is None:
+            continue
+        for vote in votes:
+            if answer_is_correct(answer, vote[0]) or answer_is_correct(vote[0], answer):
+                vote[1] += 1
+                break
+        else:
+            votes.append([answer, 1])
+    return max(votes, key=lambda vote: vote[1])[0] if votes else None
+
+
+def evaluate_gsm8k(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    dataset,
+    max_new_tokens: int = 512,
+    batch_size: int = 16,
+    maj_k: int = 0,
+    temperature: float = 0.7,
+) -> dict:
+    """Greedy pass@1 (strict and lenient) and, when `maj_k > 1`, maj@k accuracy on GSM8K rows.
+
+    Args:
+        dataset: rows with `prompt` (chat messages) and `answer` (gold number string), as `data.load_gsm8k` gives.
+        maj_k: samples per problem for the majority vote, at `temperature`; 0 or 1 skips it.
+
+    Returns:
+        `{"num_problems", "strict_accuracy", "lenient_accuracy", ["maj@k"], "samples": [...]}`; accuracies are
+        fractions in [0, 1]; `samples` holds each problem's greedy completion and scores.
+    """
+    prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
+    n = max(len(prompts), 1)
+    greedy = [texts[0] for texts in generate(model, tokenizer, prompts, max_new_tokens, batch_size)]
+    strict_scores = gsm8k_strict_accuracy(greedy, answers)
+    lenient_scores = gsm8k_accuracy(greedy, answers)
+    results = {
+        "num_problems": len(prompts),
+        "strict_accuracy": sum(strict_scores) / n,
+        "lenient_accuracy": sum(lenient_scores) / n,
+    }
+    if maj_k > 1:
+        sampled = generate(model, tokenizer, prompts, max_new_tokens, batch_size, maj_k, temperature)
+        hits = [answer_is_correct(majority_answer(texts), gold) for texts, gold in zip(sampled, answers, strict=True)]
+        results[f"maj@{maj_k}"] = sum(hits) / n
+    results["samples"] = [
+        {"answer": gold, "completion": text, "strict": strict, "lenient": lenient}
+        for gold, text, strict, lenient in zip(answers, greedy, strict_scores, lenient_scores, strict=True)
+    ]
+    return results
+
+
+def write_results(results: dict, output_dir: str, name: str = "eval_results.json") -> str:
+    """Write `results` as indented JSON to `<output_dir>/<name>`; return the path."""
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, name)
+    with open(path, "w") as f:
+        json.dump(results, f, indent=2)
+    return path
+
+
+def format_table(results: dict) -> str:
+    """A printable table of the accuracy figures in `results` (percentages)."""
+    rows = [(key, value) for key, value in results.items() if key.endswith("accuracy") or key.startswith("maj@")]
+    width = max(len(key) for key, _ in rows)
+    lines = [f"{'metric'.ljust(width)}  value", f"{'-' * width}  ------"]
+    lines += [f"{key.ljust(width)}  {100 * value:5.1f}%" for key, value in rows]
+    lines.append(f"{'problems'.ljust(width)}  {results['num_problems']}")
+    return "\n".join(lines)

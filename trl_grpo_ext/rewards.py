@@ -1,0 +1,283 @@
+r"""Rule-based rewards for GSM8K math word problems, with TRL's reward-function signature.
+
+Each reward function takes ``completions`` (a list of B*G completions, conversational or plain strings) plus dataset
+columns as keyword arguments, and returns a list of B*G floats in ``{0.0, 1.0}``. None of them raises for any
+completion content (``None``, empty, 1 MB, binary garbage, unbalanced braces, a message with no ``"content"``):
+such a completion scores 0.0.
+
+Answers are compared with math-verify (``parse`` + ``verify``), as TRL's ``trl/rewards/accuracy_rewards.py`` does;
+this module only locates the final answer (the last ``\boxed{...}``) and normalises thousands separators.
+
+Sources:
+    - GSM8K: Cobbe et al., "Training Verifiers to Solve Math Word Problems", arXiv:2110.14168.
+    - GRPO: Shao et al., "DeepSeekMath", arXiv:2402.03300 (Sec. 4.1); rule-based accuracy and format rewards as in
+      DeepSeek-R1, arXiv:2501.12948 (Sec. 2.2.2).
+"""
+
+import logging
+import re
+import threading
+from collections.abc import Callable
+
+import sympy
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from math_verify.errors import TimeoutException
+
+# Only the last `_MAX_PARSE_CHARS` characters of a completion are searched for an answer, and a `\boxed{` group
+# must close within that many characters: keeps a reward call on a 1 MB completion in the milliseconds.
+_MAX_PARSE_CHARS = 4096
+# `gsm8k_format`: non-whitespace characters of reasoning required before the boxed answer, and characters (after
+# stripping whitespace) allowed after it, e.g. "$." or " dollars.".
+_MIN_REASONING_CHARS = 20
+_MAX_TRAILING_CHARS = 40
+# math-verify timeouts in seconds (signal.alarm, main thread only).
+_PARSE_TIMEOUT_S = 5
+_VERIFY_TIMEOUT_S = 5
+
+_BOXED = "\\boxed"
+# A thousands separator between digit groups: "," "{,}" "\," "\;" "\:" "\!" "\ " "~" or a space, as in "1\,234".
+_THOUSANDS_SEP = re.compile(r"(?<=\d)(?:,|\{,\}|\\[,;:! ]|~| )(?=\d{3}(?!\d))")
+_GOLD_LINE = re.compile(r"^####[ \t]*(.*?)[ \t]*$", re.MULTILINE)
+
+_LATEX_CONFIG = LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=False)
+_EXPR_CONFIG = ExprExtractionConfig()
+
+
+def _timeouts() -> tuple[int | None, int | None]:
+    """(parse, verify) timeouts in seconds; both None outside the main thread, where signal.alarm cannot run.
+
+    As in TRL's ``accuracy_reward``, math-verify's "timeout is disabled" warnings are silenced in that case.
+    """
+    if threading.current_thread() is threading.main_thread():
+        return _PARSE_TIMEOUT_S, _VERIFY_TIMEOUT_S
+    logging.getLogger("math_verify.parser").setLevel(logging.ERROR)
+    logging.getLogger("math_verify.grader").setLevel(logging.ERROR)
+    return None, None
+
+
+def completion_text(completion: object) -> str:
+    """The text of one completion, or "" when there is none.
+
+    Args:
+        completion: a plain string, or a conversational completion: a list of messages (dicts) of which the last
+            one's ``"content"`` is used (a string, or a list of ``{"type": "text", "text": ...}`` parts), or a
+            single message dict. Anything else (None, bytes, a message without ``"content"``) gives "".
+
+    Returns:
+        The completion text; never raises.
+    """
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion:
+        completion = completion[-1]
+    content = completion.get("content") if isinstance(completion, dict) else None
+    if isinstance(content, list):
+        parts = [part.get("text") for part in content if isinstance(part, dict)]
+        content = "".join(part for part in parts if isinstance(part, str))
+    return content if isinstance(content, str) else ""
+
+
+def _closing_brace(text: str, open_index: int) -> int | None:
+    """Index of the "}" matching the "{" at ``open_index``, or None if it does not close within _MAX_PARSE_CHARS."""
+    depth = 0
+    for i in range(open_index, min(len(text), open_index + _MAX_PARSE_CHARS)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return None
+
+
+def _boxed_span(text: str, start: int) -> tuple[int, int] | None:
+    r"""(start, end) of the content of the ``\boxed{...}`` beginning at ``start``; None if not followed by a closed
+    brace group."""
+    open_index = start + len(_BOXED)
+    if not text.startswith("{", open_index):
+        return None
+    close_index = _closing_brace(text, open_index)
+    return None if close_index is None else (open_index + 1, close_index)
+
+
+def _last_boxed(text: str) -> str | None:
+    r"""Content of the last complete ``\boxed{...}`` in ``text`` (stripped), or None when there is none.
+
+    Several boxed answers: the LAST complete one is the final answer (a model that corrects itself boxes its
+    correction last). A trailing ``\boxed{`` that never closes (truncated generation) is skipped.
+    """
+    start = text.rfind(_BOXED)
+    while start != -1:
+        span = _boxed_span(text, start)
+        if span is not None:
+            return text[span[0] : span[1]].strip()
+        start = text.rfind(_BOXED, 0, start)
+    return None
+
+
+def extract_final_answer(text: str, strict: bool = False) -> str | None:
+    r"""The final-answer text of a completion.
+
+    Only the last _MAX_PARSE_CHARS (4096) characters are searched.
+
+    Args:
+        text: the completion text.
+        strict: if True only a ``\boxed{...}`` answer counts. If False (lenient) the last complete boxed answer is
+            preferred and, when there is none, math-verify's plain-text extraction is used: a number after
+            "final answer is" / "answer" if present, else the last number (or simple expression such as ``1/2``)
+            in the text, e.g. "It costs $18.00" -> "18.00".
+
+    Returns:
+        The answer text (e.g. "1,234", "\frac{1}{2}", "18 dollars"; "" for an empty box), or None when no answer
+        is found or ``text`` is not a string. Never raises.
+    """
+    if not isinstance(text, str):
+        return None
+    tail = text[-_MAX_PARSE_CHARS:]
+    boxed = _last_boxed(tail)
+    if boxed is not None or strict:
+        return boxed
+    try:
+        parsed = parse(tail, extraction_config=[_EXPR_CONFIG], parsing_timeout=_timeouts()[0])
+    except (Exception, TimeoutException):
+        return None
+    return next((p for p in parsed if isinstance(p, str)), None)
+
+
+def _is_number(expr: object) -> bool:
+    """True for a sympy object with no free symbols (18, 1/2, {5, 7}); False for 18*d*o*l*l*a*r*s or a string."""
+    return isinstance(expr, sympy.Basic) and not expr.free_symbols
+
+
+def _parse_prediction(answer: str, parsing_timeout: int | None) -> list:
+    r"""math-verify parse of an answer text: as the LaTeX of ``\boxed{answer}`` first, and as plain text when that
+    gives no symbol-free value (``18 dollars`` reads as 18*d*o*l*l*a*r*s in LaTeX, ``18.`` does not parse).
+
+    Thousands separators are removed first: math-verify reads "1\,234" and "1 234" as 235."""
+    answer = _THOUSANDS_SEP.sub("", answer)
+    latex = parse(f"{_BOXED}{{{answer}}}", extraction_config=[_LATEX_CONFIG], parsing_timeout=parsing_timeout)
+    if any(_is_number(p) for p in latex):
+        return latex
+    return parse(answer, extraction_config=[_EXPR_CONFIG], parsing_timeout=parsing_timeout) or latex
+
+
+def answer_is_correct(prediction: str | None, gold: str) -> bool:
+    """Whether an extracted answer equals the gold number, by math-verify (so "0.5" == "1/2", "18.00" == "18").
+
+    Args:
+        prediction: answer text from `extract_final_answer`; None counts as wrong.
+        gold: gold answer as a plain number string, e.g. "1234", "-3", "0.5" (commas and "$" are tolerated).
+
+    Returns:
+        True if equal; False otherwise, including for an unparseable gold. Never raises.
+    """
+    if prediction is None or gold is None:
+        return False
+    parsing_timeout, verify_timeout = _timeouts()
+    try:
+        gold_text = str(gold).replace(",", "").replace("$", "")
+        gold_parsed = parse(gold_text, extraction_config=[_EXPR_CONFIG], parsing_timeout=parsing_timeout)
+        if not any(_is_number(g) for g in gold_parsed):
+            return False
+        pred_parsed = _parse_prediction(prediction, parsing_timeout)
+        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=verify_timeout))
+    except (Exception, TimeoutException):
+        return False
+
+
+def gold_answer_from_solution(solution: str) -> str | None:
+    """The final answer of a GSM8K solution: the text after the last ``#### `` line, commas and "$" removed.
+
+    Example: "...\\n#### 1,234" -> "1234"; "#### -3" -> "-3"; "#### $18" -> "18".
+
+    Args:
+        solution: GSM8K's ``answer`` field (arXiv:2110.14168).
+
+    Returns:
+        The answer string, or None when there is no non-empty ``####`` line (or ``solution`` is not a string).
+    """
+    if not isinstance(solution, str):
+        return None
+    lines = _GOLD_LINE.findall(solution)
+    gold = lines[-1].replace(",", "").replace("$", "").strip() if lines else ""
+    return gold or None
+
+
+def _accuracy(completions: list, answer: list[str], strict: bool) -> list[float]:
+    if len(completions) != len(answer):
+        raise ValueError(f"completions ({len(completions)}) and answer ({len(answer)}) must have the same length")
+    return [
+        float(answer_is_correct(extract_final_answer(completion_text(c), strict=strict), gold))
+        for c, gold in zip(completions, answer, strict=True)
+    ]
+
+
+def gsm8k_accuracy(completions: list, answer: list[str], **kwargs) -> list[float]:
+    r"""Lenient accuracy reward: 1.0 if the completion's final answer equals the gold number, else 0.0.
+
+    The final answer is the last complete ``\boxed{...}``; without one, the last number in the text (see
+    `extract_final_answer` with ``strict=False``). Lenient so that early in training, before the model has learned
+    to box, a right answer still gets signal; `gsm8k_format` rewards the boxing.
+
+    Args:
+        completions: B*G completions, each a string or a list of messages (the last one's ``"content"`` is read).
+        answer: B*G gold answers as plain number strings ("1234", "-3", "0.5"), e.g. from
+            `gold_answer_from_solution`.
+        **kwargs: other dataset columns and trainer arguments, ignored.
+
+    Returns:
+        B*G rewards in {0.0, 1.0}; 0.0 for any malformed completion or unparseable gold.
+
+    Raises:
+        ValueError: only if ``completions`` and ``answer`` differ in length (a caller bug); never for content.
+    """
+    return _accuracy(completions, answer, strict=False)
+
+
+def gsm8k_strict_accuracy(completions: list, answer: list[str], **kwargs) -> list[float]:
+    r"""Strict accuracy reward: as `gsm8k_accuracy`, but only a complete ``\boxed{...}`` answer counts.
+
+    Args, Returns, Raises: as `gsm8k_accuracy`.
+    """
+    return _accuracy(completions, answer, strict=True)
+
+
+def _has_format(text: str) -> bool:
+    """The `gsm8k_format` rule on one completion text (see there)."""
+    if text.count(_BOXED) != 1:
+        return False
+    start = text.find(_BOXED)
+    span = _boxed_span(text, start)
+    if span is None or not text[span[0] : span[1]].strip():
+        return False
+    reasoning = "".join(text[max(0, start - _MAX_PARSE_CHARS) : start].split())
+    return len(reasoning) >= _MIN_REASONING_CHARS and len(text[span[1] + 1 :].strip()) <= _MAX_TRAILING_CHARS
+
+
+def gsm8k_format(completions: list, **kwargs) -> list[float]:
+    r"""Format reward: 1.0 if the completion is step-by-step reasoning followed by one final boxed answer, else 0.0.
+
+    Precisely, all of:
+        1. the text contains ``\boxed`` exactly once;
+        2. it is immediately followed by ``{`` whose matching ``}`` comes within 4096 characters (balanced braces,
+           so ``\boxed{\frac{1}{2}}`` is fine and ``\boxed{18`` is not);
+        3. the content between them is not empty or whitespace;
+        4. before ``\boxed`` there are at least 20 non-whitespace characters of reasoning;
+        5. after the closing ``}`` there are at most 40 characters once whitespace is stripped (room for "$.",
+           "\]" or " dollars.", not for more reasoning): the boxed answer is the final one.
+
+    Args:
+        completions: B*G completions, each a string or a list of messages (the last one's ``"content"`` is read).
+        **kwargs: dataset columns and trainer arguments, ignored.
+
+    Returns:
+        B*G rewards in {0.0, 1.0}; 0.0 for any malformed completion. Never raises.
+    """
+    return [float(_has_format(completion_text(c))) for c in completions]
+
+
+REWARD_FUNCS: dict[str, Callable[..., list[float]]] = {
+    "gsm8k_accuracy": gsm8k_accuracy,
+    "gsm8k_strict_accuracy": gsm8k_strict_accuracy,
+    "gsm8k_format": gsm8k_format,
+}
