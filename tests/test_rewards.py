@@ -4,7 +4,6 @@ format) rewards, each run as a plain string and as a conversational completion."
 import json
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -17,8 +16,6 @@ from trl_grpo_ext.rewards import (
     gsm8k_format,
     gsm8k_strict_accuracy,
 )
-
-GSM8K_DIR = Path(__file__).parents[1] / ".." / "shared" / "data" / "gsm8k"
 
 # 30 non-whitespace characters of reasoning: enough for gsm8k_format's 20-character minimum.
 R = "First 48 / 2 = 24, then 48 + 24 = 72 in all.\n"
@@ -216,16 +213,9 @@ def test_registry():
     assert all(func.__name__ == name for name, func in REWARD_FUNCS.items())  # TRL logs rewards/<__name__>/mean
 
 
-def _gsm8k_rows(split: str, n: int) -> list[dict]:
-    path = GSM8K_DIR / f"{split}.jsonl"
-    if not path.exists():
-        pytest.skip(f"GSM8K data not found at {path.resolve()} (the shared data folder next to the repository)")
-    with path.open() as f:
-        return [json.loads(line) for line, _ in zip(f, range(n), strict=False)]
-
-
-def test_real_gsm8k_gold_answers_score_one():
-    rows = _gsm8k_rows("train", 200)
+def test_real_gsm8k_gold_answers_score_one(gsm8k_dir):
+    with (gsm8k_dir / "train.jsonl").open() as f:
+        rows = [json.loads(line) for line, _ in zip(f, range(200), strict=False)]
     golds = [gold_answer_from_solution(row["answer"]) for row in rows]
     assert len(golds) == 200 and None not in golds
     [float(gold) for gold in golds]  # every gold is a plain number
