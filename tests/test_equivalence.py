@@ -6,7 +6,13 @@ import pytest
 import torch
 import trl
 from datasets import Dataset
-from transformers import AutoModelForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    TrainerCallback,
+)
 
 from tests.conftest import small_grpo_kwargs
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
@@ -93,3 +99,47 @@ def test_trainer_is_a_trl_grpo_trainer(tiny_model_dir, tmp_path):
     assert isinstance(trainer, trl.GRPOTrainer)
     assert isinstance(trainer.args, GRPOConfig)
     assert isinstance(next(trainer.model.parameters()), torch.Tensor)
+
+
+async def async_length_reward(completions, **kwargs):
+    return [len(c[0]["content"]) % 3 / 3 for c in completions]
+
+
+class RecordingCallback(TrainerCallback):
+    def __init__(self):
+        self.logged_steps = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.logged_steps.append(state.global_step)
+
+
+def test_every_reward_form_and_callbacks_match_stock_trl(tiny_model_dir, tmp_path):
+    """A reward model (path), a sync and an async reward function with weights, and a callback, in both trainers."""
+    reward_model_dir = tmp_path / "reward-model"
+    config = AutoConfig.from_pretrained(tiny_model_dir, num_labels=1)
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(reward_model_dir)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(reward_model_dir)
+    dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(16, seed=4)))
+
+    runs = []
+    for trainer_cls, config_cls in [(trl.GRPOTrainer, trl.GRPOConfig), (GRPOTrainer, GRPOConfig)]:
+        callback = RecordingCallback()
+        args = config_cls(**small_grpo_kwargs(tmp_path / trainer_cls.__module__, reward_weights=[0.5, 1.0, 2.0]))
+        trainer = trainer_cls(
+            model=tiny_model_dir,
+            reward_funcs=[str(reward_model_dir), length_reward, async_length_reward],
+            args=args,
+            train_dataset=dataset,
+            callbacks=[callback],
+        )
+        trainer.train()
+        logs = [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in trainer.state.log_history]
+        runs.append((logs, dict(trainer.model.named_parameters()), callback.logged_steps))
+
+    (logs_trl, params_trl, steps_trl), (logs_ext, params_ext, steps_ext) = runs
+    assert steps_trl == steps_ext == [1, 2, 3]
+    reward_model_key = "rewards/reward-model/mean"
+    assert all(reward_model_key in row and "rewards/async_length_reward/mean" in row for row in logs_ext[:-1])
+    assert _max_abs_diff(logs_trl, logs_ext, params_trl, params_ext) == 0.0
