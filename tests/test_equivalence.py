@@ -29,7 +29,8 @@ def length_reward(completions, **kwargs):
 
 
 def _train(trainer_cls, config_cls, model_dir, output_dir, **overrides):
-    dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(32, seed=3)))
+    # 5 problems, 2 prompts a step: every run crosses epochs, where the prompt order is drawn anew
+    dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(5, seed=3)))
     args = config_cls(**small_grpo_kwargs(output_dir, **overrides))
     trainer = trainer_cls(
         model=model_dir, reward_funcs=[length_reward, gsm8k_format], args=args, train_dataset=dataset

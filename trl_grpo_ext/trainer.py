@@ -1,9 +1,52 @@
 """`GRPOTrainer`: TRL's GRPO trainer, extended only through its hooks (each override calls `super()`)."""
 
+import logging
+import math
+import os
+
 import trl
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl.trainer.utils import get_config_model_id
 
 from .config import GRPOConfig
+from .resume import (
+    EpochSeededSampler,
+    checkpoint_problem,
+    last_complete_checkpoint,
+    load_resume_state,
+    save_resume_state,
+    write_manifest,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class _GRPOLoopState:
+    """The training loop's state that TRL and transformers do not checkpoint: the micro-step counter `_step`, the
+    buffered generations reused for `steps_per_generation * num_iterations` micro-steps, and what was gathered since
+    the last log (with `logging_steps > 1`): TRL's metrics and transformers' running loss."""
+
+    def __init__(self, trainer: "GRPOTrainer"):
+        self.trainer = trainer
+
+    def state_dict(self) -> dict:
+        trainer = self.trainer
+        return {
+            "step": trainer._step,
+            "buffered_inputs": trainer._buffered_inputs,
+            "pending_metrics": {key: list(values) for key, values in trainer._metrics["train"].items()},
+            "pending_loss": trainer._tr_loss.item(),
+            "last_logged_step": trainer._globalstep_last_logged,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        trainer = self.trainer
+        trainer._step = state["step"]
+        trainer._buffered_inputs = state["buffered_inputs"]
+        trainer._metrics["train"].clear()
+        trainer._metrics["train"].update(state["pending_metrics"])
+        # transformers resets its running loss after this hook runs: `_load_rng_state` puts it back.
+        trainer._resumed_loss = (state["pending_loss"], state["last_logged_step"])
 
 
 class GRPOTrainer(trl.GRPOTrainer):
@@ -13,8 +56,13 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     GRPO (Shao et al., DeepSeekMath, arXiv:2402.03300, eq. 3) samples a generation group of `num_generations`
     completions per prompt, scores them with the reward functions, and uses each completion's reward relative to its
-    generation group as the advantage. This class adds nothing while every [`GRPOConfig`] setting of this package is at
-    its default: a run is then bit for bit the one `trl.GRPOTrainer` makes.
+    generation group as the advantage. While every [`GRPOConfig`] setting of this package is at its default, an
+    uninterrupted run is bit for bit the one `trl.GRPOTrainer` makes.
+
+    A resumed run continues exactly as the uninterrupted one (`trl_grpo_ext.resume` says what TRL loses and how it
+    comes back): checkpoints also hold the GRPO loop's state and every object in `resumable_state()`, and are marked
+    complete only once fully written. `train(resume_from_checkpoint=True)` picks the newest complete checkpoint and
+    says which incomplete ones it skipped.
 
     `args` may be a plain `trl.GRPOConfig` (a script that swapped only the trainer import): its values are kept and
     this package's settings take their defaults. With `args=None` the default output folder is TRL's
@@ -30,3 +78,81 @@ class GRPOTrainer(trl.GRPOTrainer):
         elif not isinstance(args, GRPOConfig):
             args = GRPOConfig.from_trl(args)
         super().__init__(model, reward_funcs, args, *more, **kwargs)
+
+    def resumable_state(self) -> dict:
+        """Objects with `state_dict()` / `load_state_dict()` saved in every checkpoint and restored on resume, by
+        name. Each feature of this package that keeps state across steps adds its object here."""
+        return {"grpo_loop": _GRPOLoopState(self)}
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *more, **kwargs):
+        """TRL's `train`; `resume_from_checkpoint=True` resumes from the newest *complete* checkpoint.
+
+        Raises:
+            ValueError: `resume_from_checkpoint` names a checkpoint that is incomplete (says which file), or is True
+                and `output_dir` holds no complete checkpoint.
+        """
+        if resume_from_checkpoint is True:
+            path, skipped = last_complete_checkpoint(self.args.output_dir)
+            for skipped_path, reason in skipped:
+                logger.warning("Skipping incomplete checkpoint %s: %s", skipped_path, reason)
+            if path is None:
+                raise ValueError(f"No complete checkpoint found in output_dir={self.args.output_dir!r}")
+            if skipped:
+                logger.warning("Resuming from %s, the last complete checkpoint", path)
+            resume_from_checkpoint = path
+        elif isinstance(resume_from_checkpoint, str | os.PathLike):
+            problem = checkpoint_problem(resume_from_checkpoint)
+            if problem is not None:
+                raise ValueError(f"resume_from_checkpoint={str(resume_from_checkpoint)!r} is incomplete: {problem}")
+        return super().train(resume_from_checkpoint, *more, **kwargs)
+
+    def _get_train_sampler(self, dataset=None):
+        self._epoch_sampler = EpochSeededSampler(super()._get_train_sampler(dataset))
+        return self._epoch_sampler
+
+    def _save_checkpoint(self, model, trial):
+        run_dir = self._get_output_dir(trial=trial)
+        checkpoint_dir = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        # Our state first: a folder holding it but no manifest is then known to be an unfinished save of ours.
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        state = {name: obj.state_dict() for name, obj in self.resumable_state().items()}
+        save_resume_state(checkpoint_dir, self.accelerator.process_index, state)
+        # Older checkpoints are rotated out only once this one is complete, so a crash mid-save keeps one to resume.
+        save_total_limit, self.args.save_total_limit = self.args.save_total_limit, None
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = save_total_limit
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            write_manifest(checkpoint_dir)
+            rotate_checkpoints(run_dir, save_total_limit, self.state.best_model_checkpoint, use_mtime=True)
+
+    def _load_rng_state(self, checkpoint):
+        # Called once where the resumed run rejoins the uninterrupted one, after transformers reset its running loss.
+        super()._load_rng_state(checkpoint)
+        resumed_loss = getattr(self, "_resumed_loss", None)
+        if resumed_loss is not None:
+            self._tr_loss += resumed_loss[0]
+            self._globalstep_last_logged = resumed_loss[1]
+            self._resumed_loss = None
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        # The checkpoint's trainer state is loaded by now. Under several processes accelerate's wrappers do not
+        # forward `set_epoch` to the sampler after a resume, so the sampler is told the epoch here.
+        if getattr(self, "_epoch_sampler", None) is not None:
+            self._epoch_sampler.set_epoch(math.floor(self.state.epoch or 0))
+        state = load_resume_state(checkpoint, self.accelerator.process_index)
+        if state is None:
+            logger.warning(
+                "%s holds no trl_grpo_ext state for process %d (written by stock TRL, or with another number of "
+                "processes): resuming, but not exactly as the uninterrupted run",
+                checkpoint,
+                self.accelerator.process_index,
+            )
+            return
+        for name, obj in self.resumable_state().items():
+            obj.load_state_dict(state[name])

@@ -1,0 +1,157 @@
+"""One check that a resumed run continues exactly as the uninterrupted one, for any trainer configuration.
+
+    max_diff = check_resume({"num_iterations": 2, "beta": 0.04}, tmp_path, model_dir)
+
+runs the configuration for `max_steps` steps uninterrupted (saving every `save_steps`), then again from the
+checkpoint at `resume_step`, and asserts that after the resume every logged metric at every step, the prompts seen
+(with the step they were generated at) and the final parameters are the same (max abs diff <= `atol`). Features of
+trl_grpo_ext that keep state across steps pass their settings in `config` and get the check for free.
+
+Run as a script (`python -m tests.resume_check CONFIG_JSON PHASE OUT_JSON`) it does one phase in each process of an
+`accelerate launch`, for the multi-process case.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from peft import LoraConfig
+
+from trl_grpo_ext import GRPOConfig, GRPOTrainer
+from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows
+
+# Timings differ between any two runs; `train_loss` is transformers' mean loss of one `train()` call, which after a
+# resume covers only the steps that call ran (by design: `Trainer._initial_global_step`).
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TIMING_KEYS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss"}
+DEFAULTS = dict(
+    per_device_train_batch_size=12,
+    num_generations=4,
+    max_completion_length=16,
+    learning_rate=3e-3,
+    max_steps=6,
+    save_steps=3,
+    logging_steps=1,
+    report_to="none",
+    seed=11,
+    use_cpu=True,
+    bf16=False,
+    disable_tqdm=True,
+)
+
+
+class RecordingReward:
+    """Completion length modulo 7, scaled to [0, 1) (spread on a random model), recording each call's prompts."""
+
+    __name__ = "recording_reward"
+
+    def __init__(self):
+        self.trainer = None
+        self.calls: list[tuple[int, list[str]]] = []
+
+    def __call__(self, completions, prompts, **kwargs):
+        step = self.trainer.state.global_step if self.trainer is not None else -1
+        self.calls.append((step, [p[-1]["content"] for p in prompts]))
+        return [(len(c[0]["content"]) % 7) / 7 for c in completions]
+
+
+def build_trainer(config: dict, model_dir: str, output_dir: str) -> tuple[GRPOTrainer, RecordingReward]:
+    """A trainer on seeded GSM8K-style problems; `config` holds GRPOConfig overrides plus `lora` (rank) and
+    `num_problems` (dataset size, default 8: a few steps cross several epochs)."""
+    config = dict(config)
+    lora_rank = config.pop("lora", None)
+    num_problems = config.pop("num_problems", 8)
+    reward = RecordingReward()
+    trainer = GRPOTrainer(
+        model=model_dir,
+        reward_funcs=[reward],
+        args=GRPOConfig(output_dir=output_dir, **{**DEFAULTS, **config}),
+        train_dataset=Dataset.from_list(to_grpo_rows(synthetic_gsm8k(num_problems, seed=2))),
+        peft_config=LoraConfig(r=lora_rank, target_modules=["q_proj", "v_proj"]) if lora_rank else None,
+    )
+    reward.trainer = trainer
+    return trainer, reward
+
+
+def run_phase(config: dict, model_dir: str, output_dir: str, resume_from: str | None = None) -> dict:
+    """Train and return what the comparison needs: logged rows, prompts seen, final parameters (as lists)."""
+    trainer, reward = build_trainer(config, model_dir, output_dir)
+    trainer.train(resume_from_checkpoint=resume_from)
+    return {
+        "logs": [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in trainer.state.log_history],
+        "prompts": reward.calls,
+        "params": {n: p.detach().float().cpu() for n, p in trainer.model.named_parameters() if p.requires_grad},
+    }
+
+
+def compare(full: dict, resumed: dict, resume_step: int) -> float:
+    """Assert resumed == uninterrupted after `resume_step`; return the max abs difference found (metrics, weights)."""
+    rows_full = [row for row in full["logs"] if row.get("step", 0) > resume_step]
+    rows_resumed = [row for row in resumed["logs"] if row.get("step", 0) > resume_step]
+    assert [sorted(r) for r in rows_full] == [sorted(r) for r in rows_resumed], "logged keys or steps differ"
+    assert rows_full, "nothing was logged after the resume step"
+    diffs = [0.0]
+    for row_full, row_resumed in zip(rows_full, rows_resumed, strict=True):
+        for key, value in row_full.items():
+            other = row_resumed[key]
+            if value is None or other is None or (math.isnan(value) and math.isnan(other)):
+                assert value is other or (value != value and other != other), (row_full["step"], key)
+                continue
+            diffs.append(abs(value - other))
+    assert [c for c in full["prompts"] if c[0] >= resume_step] == resumed["prompts"], "prompts seen differ"
+    assert full["params"].keys() == resumed["params"].keys()
+    diffs += [(full["params"][n] - resumed["params"][n]).abs().max().item() for n in full["params"]]
+    return max(diffs)
+
+
+def launch_phase(config: dict, model_dir: str, output_dir: str, num_processes: int, resume_from=None) -> list[dict]:
+    """`run_phase` in `num_processes` CPU processes (`accelerate launch --multi_gpu`, gloo); one record per rank."""
+    job = {**config, "model_dir": model_dir, "output_dir": output_dir, "resume_from": resume_from}
+    out_file = f"{output_dir}.record"
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(num_processes),
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+        "-m", "tests.resume_check", json.dumps(job), "resumed" if resume_from else "full", out_file,
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [torch.load(f"{out_file}.rank{rank}", weights_only=False) for rank in range(num_processes)]
+
+
+def check_resume(
+    config: dict, tmp_path, model_dir: str, resume_step: int = 3, atol: float = 1e-6, num_processes: int = 1
+) -> float:
+    """Run `config` uninterrupted and resumed from `checkpoint-<resume_step>`, assert they match; return max diff.
+
+    With `num_processes > 1` both runs are distributed over that many CPU processes and every rank is compared.
+    """
+    full_dir, resumed_dir = str(tmp_path / "full"), str(tmp_path / "resumed")
+    checkpoint = tmp_path / "full" / f"checkpoint-{resume_step}"
+    if num_processes == 1:
+        full = [run_phase(config, model_dir, full_dir)]
+    else:
+        full = launch_phase(config, model_dir, full_dir, num_processes)
+    assert checkpoint.is_dir(), f"{checkpoint} was not saved; set save_steps to divide {resume_step}"
+    if num_processes == 1:
+        resumed = [run_phase(config, model_dir, resumed_dir, resume_from=str(checkpoint))]
+    else:
+        resumed = launch_phase(config, model_dir, resumed_dir, num_processes, resume_from=str(checkpoint))
+    max_diff = max(compare(f, r, resume_step) for f, r in zip(full, resumed, strict=True))
+    assert max_diff <= atol, f"resumed run differs from the uninterrupted one by {max_diff}"
+    return max_diff
+
+
+if __name__ == "__main__":  # one phase per process under accelerate launch
+    config_json, phase, out_file = sys.argv[1:4]
+    config = json.loads(config_json)
+    model_dir, output_dir = config.pop("model_dir"), config.pop("output_dir")
+    resume_from = config.pop("resume_from")
+    record = run_phase(config, model_dir, output_dir, resume_from)
+    rank = int(os.environ.get("RANK", "0"))
+    torch.save(record, f"{out_file}.rank{rank}")

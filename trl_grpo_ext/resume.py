@@ -1,0 +1,142 @@
+"""Exact resume: the training state TRL and transformers leave out of a checkpoint, and complete checkpoints.
+
+A resumed GRPO run continues exactly as the uninterrupted one only if three things come back:
+
+1. the prompt order: TRL's `RepeatSampler` draws a new permutation from one stateful generator each epoch, so a
+   fresh sampler after a resume in epoch `e > 0` replays epoch 0's order (`EpochSeededSampler` fixes this);
+2. the GRPO loop's own state: the micro-step counter and the buffered generations that are reused for
+   `steps_per_generation * num_iterations` micro-steps, lost when a checkpoint falls inside a generation cycle;
+3. the extension's own statistics (policy groups, controllers): saved with 2 by `save_resume_state`.
+
+A checkpoint counts as complete once `MANIFEST_NAME` lists its files with their sizes; the manifest is written last
+and atomically, so a process killed while saving leaves a checkpoint that `last_complete_checkpoint` skips.
+"""
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+from torch.utils.data import Sampler
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_NAME = "trl_grpo_ext_manifest.json"
+STATE_NAME = "trl_grpo_ext_state_rank{rank}.pt"
+# transformers writes trainer_state.json last of its files: a checkpoint without our manifest (written by stock TRL)
+# counts as complete when it has this file.
+TRAINER_STATE_NAME = "trainer_state.json"
+
+
+class EpochSeededSampler(Sampler):
+    """Wrap TRL's `RepeatSampler` so that epoch `e`'s prompt order depends on `e` alone, not on how many epochs this
+    sampler object has iterated.
+
+    `RepeatSampler` seeds one `torch.Generator` with `seed` at construction and draws a permutation per `__iter__`,
+    so in an uninterrupted run epoch `e` gets the `(e+1)`-th draw, and a fresh sampler after a resume replays epoch
+    0's order. Here each `__iter__` reseeds the generator and discards `epoch` draws first, then counts the epoch: an
+    uninterrupted run gets TRL's orders bit for bit, and a resumed one gets them too once `epoch` is set to the epoch
+    it resumes in (`set_epoch`, which transformers calls where the data loader forwards it, or by the trainer).
+    """
+
+    def __init__(self, sampler: Sampler):
+        self.sampler = sampler
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        generator = getattr(self.sampler, "generator", None)
+        if getattr(self.sampler, "shuffle", False) and generator is not None and self.sampler.seed is not None:
+            generator.manual_seed(self.sampler.seed)
+            for _ in range(self.epoch):
+                torch.randperm(self.sampler.num_samples, generator=generator)
+        self.epoch += 1
+        return iter(self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+def save_resume_state(checkpoint_dir: str, rank: int, state: dict) -> str:
+    """Save this process's resume `state` (tensors, lists, numbers, strings) into `checkpoint_dir`; return the path."""
+    path = os.path.join(checkpoint_dir, STATE_NAME.format(rank=rank))
+    torch.save(state, path)
+    return path
+
+
+def load_resume_state(checkpoint_dir: str, rank: int) -> dict | None:
+    """This process's resume state from `checkpoint_dir`, or None when the checkpoint has none (stock TRL's)."""
+    path = os.path.join(checkpoint_dir, STATE_NAME.format(rank=rank))
+    if not os.path.isfile(path):
+        return None
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def write_manifest(checkpoint_dir: str) -> str:
+    """List every file of `checkpoint_dir` with its size in bytes, atomically, as the checkpoint's last file."""
+    root = Path(checkpoint_dir)
+    files = {
+        str(p.relative_to(root)): p.stat().st_size
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != MANIFEST_NAME and not p.name.endswith(".tmp")
+    }
+    tmp = root / (MANIFEST_NAME + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump({"files": files}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / MANIFEST_NAME)
+    return str(root / MANIFEST_NAME)
+
+
+def checkpoint_problem(checkpoint_dir: str) -> str | None:
+    """Why `checkpoint_dir` cannot be resumed from (a missing or truncated file, no manifest), or None if it can.
+
+    trl_grpo_ext writes its state file first and the manifest last; a checkpoint with neither (written by stock TRL)
+    passes when transformers' `trainer_state.json`, its last file, is there.
+    """
+    root = Path(checkpoint_dir)
+    manifest = root / MANIFEST_NAME
+    if not manifest.is_file():
+        if any(root.glob(STATE_NAME.format(rank="*"))):
+            return f"no {MANIFEST_NAME}: the save did not finish"
+        if (root / TRAINER_STATE_NAME).is_file():
+            return None
+        return f"no {MANIFEST_NAME} and no {TRAINER_STATE_NAME}: the save did not finish"
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError) as e:
+        return f"unreadable {MANIFEST_NAME} ({e})"
+    for name, size in files.items():
+        path = root / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes, the manifest says {size}"
+    return None
+
+
+def last_complete_checkpoint(output_dir: str) -> tuple[str | None, list[tuple[str, str]]]:
+    """The newest `checkpoint-N` folder of `output_dir` that `checkpoint_problem` accepts, and the newer ones skipped.
+
+    Returns:
+        `(path or None, [(skipped path, reason), ...])`, the skipped list newest first.
+    """
+    if not os.path.isdir(output_dir):
+        return None, []
+    steps = []
+    for name in os.listdir(output_dir):
+        prefix, _, step = name.rpartition("-")
+        if prefix == PREFIX_CHECKPOINT_DIR and step.isdigit() and os.path.isdir(os.path.join(output_dir, name)):
+            steps.append((int(step), os.path.join(output_dir, name)))
+    skipped = []
+    for _, path in sorted(steps, reverse=True):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path, skipped
+        skipped.append((path, problem))
+    return None, skipped
