@@ -6,7 +6,8 @@
 
 Reports greedy pass@1 accuracy, strict (final answer in `\\boxed{}`, the trained format) and lenient (the answer
 anywhere in the completion), and with `--maj_k K` the majority vote over K sampled completions. Prints a table and
-writes the figures and every greedy completion to `--output_file` (default `<model folder or .>/eval_results.json`).
+writes the figures and every greedy completion to `--output_file` (default `<model folder or .>/eval_gsm8k.json`, so
+the `eval_results.json` a training run writes is kept).
 """
 
 import os
@@ -32,6 +33,14 @@ class EvalArguments:
     seed: int = field(default=42, metadata={"help": "Random seed (maj@k sampling)."})
     output_file: str | None = field(default=None, metadata={"help": "JSON results path."})
 
+    def __post_init__(self):
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1 (or unset for the whole test split), got {self.limit}")
+        if self.batch_size < 1 or self.max_new_tokens < 1:
+            raise ValueError(f"batch_size ({self.batch_size}) and max_new_tokens ({self.max_new_tokens}) must be >= 1")
+        if self.maj_k > 1 and self.temperature <= 0:
+            raise ValueError(f"maj_k={self.maj_k} samples completions, so temperature must be > 0: {self.temperature}")
+
 
 def main(args: EvalArguments) -> dict:
     dataset = load_gsm8k("test", args.dataset_path, limit=args.limit)  # fails on bad data before loading the model
@@ -44,7 +53,7 @@ def main(args: EvalArguments) -> dict:
     output_file = args.output_file
     if output_file is None:
         folder = args.model_name_or_path if os.path.isdir(args.model_name_or_path) else "."
-        output_file = os.path.join(folder, "eval_results.json")
+        output_file = os.path.join(folder, "eval_gsm8k.json")
     path = write_results(results, os.path.dirname(output_file) or ".", os.path.basename(output_file))
     print(format_table(results))
     print(f"Saved {path}")

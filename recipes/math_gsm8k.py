@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from datasets import Dataset
-from transformers import PrinterCallback
+from transformers import PrinterCallback, ProgressCallback
 from trl import ModelConfig, TrlParser, get_peft_config, get_quantization_config
 from trl.rewards import get_soft_overlong_punishment
 
@@ -57,33 +57,19 @@ class GSM8KScriptArguments:
         },
     )
 
+    def __post_init__(self):
+        if self.train_limit is not None and self.train_limit < 1:
+            raise ValueError(f"train_limit must be >= 1 (or unset), got {self.train_limit}")
+        if self.eval_limit < 0:
+            raise ValueError(f"eval_limit must be >= 0 (0 skips the evaluation), got {self.eval_limit}")
+        if self.synthetic_problems < 0:
+            raise ValueError(f"synthetic_problems must be >= 0, got {self.synthetic_problems}")
+        if self.eval_batch_size < 1:
+            raise ValueError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
+
 
 def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_args: ModelConfig) -> dict:
-    # Data first, so a bad --dataset_path fails before any model is loaded.
-    if script_args.dataset_path is None and script_args.synthetic_problems > 0:
-        train_dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(script_args.synthetic_problems, seed=0)))
-        eval_dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(max(script_args.eval_limit, 1), seed=1)))
-    else:
-        train_dataset = load_gsm8k("train", script_args.dataset_path, limit=script_args.train_limit)
-        eval_dataset = load_gsm8k("test", script_args.dataset_path, limit=max(script_args.eval_limit, 1))
-
-    # Model: a local tiny one for the demo and tests, else model_name_or_path (Hub id or folder).
-    if script_args.tiny_model:
-        if model_args.model_name_or_path is not None:
-            raise ValueError(
-                f"tiny_model=True builds its own model; remove model_name_or_path={model_args.model_name_or_path!r}"
-            )
-        with training_args.main_process_first(desc="build tiny model"):
-            model_args.model_name_or_path = str(save_tiny_model(Path(training_args.output_dir) / "tiny-model"))
-    if model_args.model_name_or_path is None:
-        raise ValueError("model_name_or_path is required (or set tiny_model=True)")
-    training_args.model_init_kwargs = {
-        "revision": model_args.model_revision,
-        "attn_implementation": model_args.attn_implementation,
-        "dtype": model_args.dtype,
-        **(training_args.model_init_kwargs or {}),
-    }
-
+    # Everything that can be checked is checked before a model is built or loaded: reward names, then data.
     reward_registry = {
         **REWARD_FUNCS,
         "soft_overlong_punishment": get_soft_overlong_punishment(
@@ -94,6 +80,40 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
     unknown = [name for name in script_args.reward_funcs if name not in reward_registry]
     if unknown:
         raise ValueError(f"reward_funcs: unknown name(s) {unknown}; known: {sorted(reward_registry)}")
+    if script_args.tiny_model and model_args.model_name_or_path is not None:
+        raise ValueError(
+            f"tiny_model=True builds its own model; remove model_name_or_path={model_args.model_name_or_path!r}"
+        )
+    if not script_args.tiny_model and model_args.model_name_or_path is None:
+        raise ValueError("model_name_or_path is required (or set tiny_model=True)")
+
+    eval_dataset = None
+    if script_args.dataset_path is None and script_args.synthetic_problems > 0:
+        train_rows = to_grpo_rows(synthetic_gsm8k(script_args.synthetic_problems, seed=0))[: script_args.train_limit]
+        train_dataset = Dataset.from_list(train_rows)
+        if script_args.eval_limit > 0:  # held-out problems: a different seed, minus any that also appear in training
+            seen = {row["prompt"][-1]["content"] for row in train_rows}
+            candidates = to_grpo_rows(synthetic_gsm8k(4 * script_args.eval_limit, seed=1))
+            held_out = [row for row in candidates if row["prompt"][-1]["content"] not in seen]
+            eval_dataset = Dataset.from_list(held_out[: script_args.eval_limit])
+    else:
+        train_dataset = load_gsm8k("train", script_args.dataset_path, limit=script_args.train_limit)
+        if script_args.eval_limit > 0:
+            eval_dataset = load_gsm8k("test", script_args.dataset_path, limit=script_args.eval_limit)
+
+    # Model: a local tiny one for the demo and tests, else model_name_or_path (Hub id or folder).
+    if script_args.tiny_model:
+        tiny_dir = Path(training_args.output_dir).resolve() / "tiny-model"  # absolute: adapters record this path
+        with training_args.main_process_first(desc="build tiny model"):
+            if not (tiny_dir / "config.json").is_file():
+                save_tiny_model(tiny_dir, seed=training_args.seed)
+        model_args.model_name_or_path = str(tiny_dir)
+    training_args.model_init_kwargs = {
+        "revision": model_args.model_revision,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype,
+        **(training_args.model_init_kwargs or {}),
+    }
 
     trainer = GRPOTrainer(
         model=model_args.model_name_or_path,
@@ -104,17 +124,20 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
         quantization_config=get_quantization_config(model_args),
         callbacks=[MetricsTableCallback()],
     )
-    trainer.remove_callback(PrinterCallback)  # the table above replaces its raw dict of every logged value
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    # The table replaces the raw dict of every logged value that these print (the tqdm bar prints them too).
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    resume = training_args.resume_from_checkpoint
+    trainer.train(resume_from_checkpoint=True if str(resume).lower() == "true" else resume)
     trainer.save_model(training_args.output_dir)
 
     results = {}
-    if script_args.eval_limit > 0 and trainer.accelerator.is_main_process:
+    if eval_dataset is not None and trainer.accelerator.is_main_process:
         model = trainer.accelerator.unwrap_model(trainer.model).eval()
         results = evaluate_gsm8k(
             model,
             trainer.processing_class,
-            eval_dataset.select(range(min(script_args.eval_limit, len(eval_dataset)))),
+            eval_dataset,
             max_new_tokens=training_args.max_completion_length,
             batch_size=script_args.eval_batch_size,
         )

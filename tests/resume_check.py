@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 from peft import LoraConfig
+from transformers import PrinterCallback
 
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows
@@ -75,6 +76,7 @@ def build_trainer(config: dict, model_dir: str, output_dir: str) -> tuple[GRPOTr
         peft_config=LoraConfig(r=lora_rank, target_modules=["q_proj", "v_proj"]) if lora_rank else None,
     )
     reward.trainer = trainer
+    trainer.remove_callback(PrinterCallback)  # keeps the output readable; logs still reach trainer.state
     return trainer, reward
 
 

@@ -47,12 +47,26 @@ def _write(path, lines):
         (['{"question": "q", "answer": 5}'], r"bad\.jsonl:1: missing string field 'answer'"),
         (['{"question": "q", "answer": "#### 1"}', "{not json"], r"bad\.jsonl:2: not valid JSON"),
         (["[1, 2]"], r"bad\.jsonl:1: expected a JSON object, got list"),
+        (['{"question": " ", "answer": "#### 1"}'], r"bad\.jsonl:1: field 'question' is empty"),
     ],
-    ids=["empty", "no-answer", "no-question", "answer-not-str", "bad-json", "not-object"],
+    ids=["empty", "no-answer", "no-question", "answer-not-str", "bad-json", "not-object", "blank-question"],
 )
 def test_bad_file_names_file_line_and_field(tmp_path, lines, message):
     with pytest.raises(DatasetFormatError, match=message):
         read_gsm8k_jsonl(_write(tmp_path / "bad.jsonl", lines))
+
+
+def test_non_utf8_line_is_named(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"question": "q", "answer": "#### 1"}\n{"question": "caf\xe9", "answer": "#### 2"}\n')
+    with pytest.raises(DatasetFormatError, match=r"bad\.jsonl:2: not UTF-8 text \(byte 17 of the line\)"):
+        read_gsm8k_jsonl(path)
+
+
+def test_byte_order_mark_is_accepted(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"question": "q", "answer": "#### 1"}\n')
+    assert read_gsm8k_jsonl(path)[0]["question"] == "q"
 
 
 def test_missing_folder_and_file_are_named(tmp_path):
@@ -69,12 +83,20 @@ def test_row_without_gold_line_is_reported_and_skipped(tmp_path, caplog):
     _write(
         tmp_path / "d" / "train.jsonl",
         ['{"question": "a", "answer": "2+2=4\\n#### 4"}', '{"question": "b", "answer": "no marker"}',
-         '{"question": "c", "answer": "#### 1,000"}'],
+         '{"question": "c", "answer": "#### 1,000"}', '{"question": "d", "answer": "#### two"}'],
     )  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="trl_grpo_ext.data"):
         dataset = load_gsm8k("train", tmp_path / "d")
     assert dataset["answer"] == ["4", "1000"]
-    assert "line 2" in caplog.text and "skipped" in caplog.text
+    assert "line 2: answer has no '#### N' line; row skipped" in caplog.text
+    assert "line 4: '#### two' is not a number; row skipped" in caplog.text
+
+
+def test_no_usable_row_is_an_error(tmp_path):
+    (tmp_path / "d").mkdir()
+    _write(tmp_path / "d" / "train.jsonl", ['{"question": "a", "answer": "no marker"}'])
+    with pytest.raises(DatasetFormatError, match=r"train\.jsonl: no usable row"):
+        load_gsm8k("train", tmp_path / "d")
 
 
 def test_synthetic_problems_are_seeded_and_correct():

@@ -1,6 +1,7 @@
 """With default settings our GRPOTrainer is stock trl.GRPOTrainer: same losses, rewards, grad norms and weights."""
 
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -14,18 +15,13 @@ from transformers import (
     TrainerCallback,
 )
 
-from tests.conftest import small_grpo_kwargs
+from tests.conftest import length_reward, small_grpo_kwargs
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows
 from trl_grpo_ext.rewards import gsm8k_format
 
 # Timing keys differ between any two runs; every other logged value must match exactly.
 TIMING_KEYS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
-
-
-def length_reward(completions, **kwargs):
-    """A reward with spread on a random model: completion length in characters modulo 5, scaled to [0, 0.8]."""
-    return [(len(c[0]["content"]) % 5) / 5 for c in completions]
 
 
 def _train(trainer_cls, config_cls, model_dir, output_dir, **overrides):
@@ -82,15 +78,47 @@ def test_trainer_accepts_plain_trl_config(tiny_model_dir, tmp_path):
     assert _max_abs_diff(logs_ext, logs_mix, params_ext, params_mix) == 0.0
 
 
-def test_config_from_trl_copies_every_value():
-    trl_args = trl.GRPOConfig(
-        output_dir="x", num_generations=4, beta=0.1, scale_rewards=False, use_cpu=True, bf16=False
-    )
-    args = GRPOConfig.from_trl(trl_args)
-    assert isinstance(args, GRPOConfig)
-    assert (args.num_generations, args.beta, args.scale_rewards) == (4, 0.1, "none")
+@dataclass
+class UserConfig(trl.GRPOConfig):
+    """A user's own TRL config subclass, with a field and a property."""
+
+    my_weight: float = 2.0
+
+    @property
+    def doubled(self) -> float:
+        return 2 * self.my_weight
+
+
+def test_trl_config_and_user_subclass_are_kept_as_they_are(tiny_model_dir, tmp_path):
+    args = UserConfig(**small_grpo_kwargs(tmp_path), beta=0.1, scale_rewards=False)
+    dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(8)))
+    trainer = GRPOTrainer(model=tiny_model_dir, reward_funcs=[length_reward], args=args, train_dataset=dataset)
+    assert trainer.args is args and type(args) is UserConfig
+    assert (args.beta, args.scale_rewards, args.doubled) == (0.1, "none", 4.0)
     with pytest.raises(TypeError, match="trl.GRPOConfig"):
-        GRPOConfig.from_trl({"output_dir": "x"})
+        GRPOConfig.add_defaults({"output_dir": "x"})
+
+
+def test_trl_config_imported_before_register_still_works(tiny_model_dir, tmp_path):
+    """README: a name imported before register() keeps TRL's class; our trainer must accept it."""
+    from trl import GRPOConfig as TRLConfig
+
+    import trl_grpo_ext
+
+    trl_grpo_ext.register()
+    try:
+        from trl import GRPOTrainer as RegisteredTrainer
+
+        args = TRLConfig(**small_grpo_kwargs(tmp_path, max_steps=1))
+        dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(8)))
+        trainer = RegisteredTrainer(
+            model=tiny_model_dir, reward_funcs=[length_reward], args=args, train_dataset=dataset
+        )
+        assert type(trainer) is GRPOTrainer and trainer.args is args
+        trainer.train()
+        assert trainer.state.global_step == 1
+    finally:
+        trl_grpo_ext.unregister()
 
 
 def test_trainer_is_a_trl_grpo_trainer(tiny_model_dir, tmp_path):
@@ -99,7 +127,6 @@ def test_trainer_is_a_trl_grpo_trainer(tiny_model_dir, tmp_path):
     trainer = GRPOTrainer(model=tiny_model_dir, reward_funcs=[length_reward], args=args, train_dataset=dataset)
     assert isinstance(trainer, trl.GRPOTrainer)
     assert isinstance(trainer.args, GRPOConfig)
-    assert isinstance(next(trainer.model.parameters()), torch.Tensor)
 
 
 async def async_length_reward(completions, **kwargs):

@@ -6,13 +6,9 @@ from datasets import Dataset
 from peft import LoraConfig
 from transformers import BitsAndBytesConfig
 
-from tests.conftest import small_grpo_kwargs
+from tests.conftest import length_reward, small_grpo_kwargs
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows
-
-
-def length_reward(completions, **kwargs):
-    return [(len(c[0]["content"]) % 5) / 5 for c in completions]
 
 
 def _snapshot(model) -> dict[str, torch.Tensor]:

@@ -4,7 +4,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from transformers import AutoModelForCausalLM
@@ -70,6 +69,7 @@ def test_recipe_end_to_end_on_real_gsm8k(gsm8k_dir, tmp_path):
     assert all(0.0 <= row["entropy"] <= 7.0 and row["reward"] is not None for row in rows)
     assert "reward std" in proc.stdout and "step time (s)" in proc.stdout
     assert (out / "training_curves.png").stat().st_size > 10_000
+    assert "{'loss'" not in proc.stdout  # the table replaces transformers' raw dict of every logged value
 
     before = AutoModelForCausalLM.from_pretrained(out / "tiny-model").state_dict()
     after = AutoModelForCausalLM.from_pretrained(out).state_dict()
@@ -80,6 +80,42 @@ def test_recipe_end_to_end_on_real_gsm8k(gsm8k_dir, tmp_path):
     assert 0.0 <= results["strict_accuracy"] <= results["lenient_accuracy"] <= 1.0
     assert len(results["samples"]) == 4 and all(isinstance(s["completion"], str) for s in results["samples"])
     assert "lenient_accuracy" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--reward_funcs", "gsm8k_acuracy"], r"reward_funcs: unknown name\(s\) \['gsm8k_acuracy'\]"),
+        (["--model_name_or_path", "some/model"], "tiny_model=True builds its own model; remove model_name_or_path"),
+    ],
+)
+def test_bad_recipe_settings_fail_before_any_model_is_built(tmp_path, argv, message):
+    recipe = load_recipe("math_gsm8k")
+    base = ["--config", str(REPO_ROOT / "recipes/configs/demo_cpu.yaml"), "--output_dir", str(tmp_path / "out")]
+    with pytest.raises(ValueError, match=message):
+        recipe.main(*recipe.make_parser().parse_args_and_config(base + argv))
+    assert not (tmp_path / "out" / "tiny-model").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--eval_limit", "-1"], "eval_limit must be >= 0"), (["--train_limit", "0"], "train_limit must be >= 1")],
+)
+def test_bad_script_values_are_named_at_parse_time(argv, message):
+    recipe = load_recipe("math_gsm8k")
+    with pytest.raises(ValueError, match=message):
+        recipe.make_parser().parse_args_and_config(
+            ["--config", str(REPO_ROOT / "recipes/configs/demo_cpu.yaml"), *argv]
+        )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"limit": -1}, "limit must be >= 1"), ({"maj_k": 4, "temperature": 0.0}, "temperature must be > 0")],
+)
+def test_bad_eval_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        load_recipe("eval_gsm8k").EvalArguments(model_name_or_path="m", **kwargs)
 
 
 @pytest.mark.parametrize("problem", ["missing", "empty", "no_answer_field"])
@@ -131,4 +167,4 @@ def test_eval_script_loads_a_lora_adapter_folder(gsm8k_dir, tiny_model_dir, tmp_
     )
     results = recipe.main(args)
     assert results["num_problems"] == 2
-    assert Path(tmp_path / "adapter" / "eval_results.json").is_file()
+    assert (tmp_path / "adapter" / "eval_gsm8k.json").is_file()  # default name: a run's eval_results.json is kept

@@ -15,6 +15,7 @@ from trl_grpo_ext.rewards import (
     gsm8k_accuracy,
     gsm8k_format,
     gsm8k_strict_accuracy,
+    same_answer,
 )
 
 # 30 non-whitespace characters of reasoning: enough for gsm8k_format's 20-character minimum.
@@ -156,6 +157,47 @@ def test_non_main_thread():
     thread.start()
     thread.join(timeout=60)
     assert results == {"accuracy": [1.0, 1.0, 1.0, 0.0], "format": [1.0, 1.0, 0.0, 1.0]}
+
+
+def test_unbounded_answers_return_quickly_outside_the_main_thread():
+    """Without math-verify's timeouts (non-main thread) sympy could spend forever on "9!!!" or a power tower."""
+    results = {}
+
+    def work():
+        completions = [R + r"\boxed{9!!!}", "it is 9^9^9^9", R + r"\boxed{9^{9^{9}}}", "The answer is 72!"]
+        results["accuracy"] = gsm8k_accuracy(completions, ["1", "1", "1", "72"])
+
+    start = time.perf_counter()
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    assert results == {"accuracy": [0.0, 0.0, 0.0, 1.0]} and time.perf_counter() - start < 10
+
+
+@pytest.mark.parametrize(
+    ("completion", "gold"),
+    [
+        (R + "\\boxed{７２}", "72"),  # fullwidth digits
+        (R + "\\boxed{٧٢}", "72"),  # Arabic-Indic digits
+        (R + "\\boxed{1\u00a0234}", "1234"),  # no-break space as thousands separator
+        (R + "\\boxed{1\u202f234}", "1234"),  # narrow no-break space
+        (R + "\\boxed {72}", "72"),  # a space before the brace, as LaTeX allows
+    ],
+)
+def test_unicode_digits_separators_and_spacing(completion, gold):
+    assert gsm8k_accuracy([completion], [gold]) == [1.0]
+    assert gsm8k_strict_accuracy([completion], [gold]) == [1.0]
+    assert gsm8k_format([completion]) == [1.0]
+
+
+def test_same_answer():
+    assert same_answer("\\frac{1}{2}", "0.5") and same_answer("\\$18", "18.00") and same_answer("1\\,234", "1234")
+    assert not same_answer("3", "4") and not same_answer(None, "1") and not same_answer("x", "x")
+
+
+def test_missing_answer_column_is_a_clear_error():
+    with pytest.raises(ValueError, match="needs an 'answer' column"):
+        gsm8k_accuracy(["\\boxed{1}"], None)
 
 
 @pytest.mark.parametrize(

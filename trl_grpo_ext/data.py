@@ -7,6 +7,7 @@ function as a keyword argument.
 
 import json
 import logging
+import math
 import os
 import random
 from pathlib import Path
@@ -34,15 +35,19 @@ def read_gsm8k_jsonl(path: str | os.PathLike) -> list[dict]:
     """Read a GSM8K-format JSON-lines file: one `{"question": str, "answer": str}` object a line.
 
     Raises:
-        DatasetFormatError: the file is missing or empty, a line is not a JSON object, or a row lacks `question` or
-            `answer`; the message names the file, the 1-based line and the field.
+        DatasetFormatError: the file is missing or empty, a line is not UTF-8 or not a JSON object, or a row lacks a
+            non-empty `question` or `answer`; the message names the file, the 1-based line and the field.
     """
     path = Path(path)
     if not path.is_file():
         raise DatasetFormatError(f"{path}: file not found (expected GSM8K-format JSON lines)")
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise DatasetFormatError(f"{path}:{line_no}: not UTF-8 text (byte {e.start} of the line)") from e
             if not line.strip():
                 continue
             try:
@@ -54,6 +59,8 @@ def read_gsm8k_jsonl(path: str | os.PathLike) -> list[dict]:
             for field in REQUIRED_FIELDS:
                 if not isinstance(row.get(field), str):
                     raise DatasetFormatError(f"{path}:{line_no}: missing string field '{field}'")
+                if not row[field].strip():
+                    raise DatasetFormatError(f"{path}:{line_no}: field '{field}' is empty")
             rows.append({"question": row["question"], "answer": row["answer"], "line": line_no})
     if not rows:
         raise DatasetFormatError(f"{path}: file is empty (expected GSM8K-format JSON lines)")
@@ -77,18 +84,30 @@ def check_dataset_path(dataset_path: str | os.PathLike, splits: tuple[str, ...] 
 def to_grpo_rows(rows: list[dict], source: str = "gsm8k") -> list[dict]:
     """Turn GSM8K rows into GRPO rows `{"prompt": messages, "answer": gold number}`.
 
-    A row whose `answer` has no `#### N` line is reported (warning with its line or index) and skipped.
+    A row whose `answer` has no `#### N` line, or whose N is not a number, is reported (warning with its line or
+    index) and skipped.
     """
     out = []
     for index, row in enumerate(rows):
         gold = gold_answer_from_solution(row["answer"])
+        where = f"line {row['line']}" if "line" in row else f"row {index}"
         if gold is None:
-            where = f"line {row['line']}" if "line" in row else f"row {index}"
             logger.warning("%s %s: answer has no '#### N' line; row skipped", source, where)
+            continue
+        if not _is_number(gold):
+            logger.warning("%s %s: '#### %s' is not a number; row skipped", source, where, gold)
             continue
         prompt = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": row["question"]}]
         out.append({"prompt": prompt, "answer": gold})
     return out
+
+
+def _is_number(text: str) -> bool:
+    """Whether a gold answer is a plain number: "72", "-3", "0.5", "1e3" (GSM8K's are integers)."""
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def load_gsm8k(split: str, dataset_path: str | os.PathLike | None = None, limit: int | None = None) -> Dataset:
@@ -101,7 +120,7 @@ def load_gsm8k(split: str, dataset_path: str | os.PathLike | None = None, limit:
         limit: keep the first `limit` usable rows.
 
     Raises:
-        DatasetFormatError: see `check_dataset_path`.
+        DatasetFormatError: see `check_dataset_path`; also when no row is usable.
     """
     if dataset_path is not None:
         rows = check_dataset_path(dataset_path, splits=(split,))[split]
@@ -114,6 +133,8 @@ def load_gsm8k(split: str, dataset_path: str | os.PathLike | None = None, limit:
     grpo_rows = to_grpo_rows(rows, source=source)
     if limit is not None:
         grpo_rows = grpo_rows[:limit]
+    if not grpo_rows:
+        raise DatasetFormatError(f"{source}: no usable row (limit={limit}); every answer needs a '#### N' line")
     return Dataset.from_list(grpo_rows)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .rewards import answer_is_correct, extract_final_answer, gsm8k_accuracy, gsm8k_strict_accuracy
+from .rewards import answer_is_correct, extract_final_answer, gsm8k_accuracy, gsm8k_strict_accuracy, same_answer
 
 
 def load_model_for_eval(path: str, dtype: str = "auto", device: str | None = None):
@@ -85,8 +85,8 @@ def generate(
 def majority_answer(completions: list[str]) -> str | None:
     """The most frequent lenient answer among `completions`; None if none has one.
 
-    Answers that are mathematically equal ("18", "18.00", "\\$18") count as one, by `answer_is_correct`; on a tie the
-    answer seen first wins.
+    Answers that are the same number ("18", "18.00", "\\$18", "\\frac{1}{2}" and "0.5") count as one, by
+    `rewards.same_answer`; on a tie the answer seen first wins.
     """
     votes: list[list] = []  # [representative answer, count], in order of first appearance
     for text in completions:
@@ -94,7 +94,7 @@ def majority_answer(completions: list[str]) -> str | None:
         if answer is None:
             continue
         for vote in votes:
-            if answer_is_correct(answer, vote[0]) or answer_is_correct(vote[0], answer):
+            if same_answer(answer, vote[0]):
                 vote[1] += 1
                 break
         else:

@@ -17,6 +17,7 @@ Sources:
 import logging
 import re
 import threading
+import unicodedata
 from collections.abc import Callable
 
 import sympy
@@ -35,8 +36,12 @@ _PARSE_TIMEOUT_S = 5
 _VERIFY_TIMEOUT_S = 5
 
 _BOXED = "\\boxed"
-# A thousands separator between digit groups: "," "{,}" "\," "\;" "\:" "\!" "\ " "~" or a space, as in "1\,234".
-_THOUSANDS_SEP = re.compile(r"(?<=\d)(?:,|\{,\}|\\[,;:! ]|~| )(?=\d{3}(?!\d))")
+# A thousands separator between digit groups: "," "{,}" "\," "\;" "\:" "\!" "\ " "~", a space, a no-break space
+# or a thin space, as in "1\,234".
+_THOUSANDS_SEP = re.compile(r"(?<=\d)(?:,|\{,\}|\\[,;:! ]|~| |\u00a0|\u202f|\u2009)(?=\d{3}(?!\d))")
+# Factorials and powers are never a GSM8K answer, and sympy can take unbounded time on "9!!!" or "9^9^9" (math-verify
+# has no timeout outside the main thread): such an answer is not evaluated.
+_UNBOUNDED = re.compile(r"!|\^")
 _GOLD_LINE = re.compile(r"^####[ \t]*(.*?)[ \t]*$", re.MULTILINE)
 
 _LATEX_CONFIG = LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=False)
@@ -91,9 +96,11 @@ def _closing_brace(text: str, open_index: int) -> int | None:
 
 
 def _boxed_span(text: str, start: int) -> tuple[int, int] | None:
-    r"""(start, end) of the content of the ``\boxed{...}`` beginning at ``start``; None if not followed by a closed
-    brace group."""
+    r"""(start, end) of the content of the ``\boxed{...}`` beginning at ``start`` (spaces may stand before the
+    brace, as LaTeX allows); None if not followed by a closed brace group."""
     open_index = start + len(_BOXED)
+    while open_index < len(text) and text[open_index] in " \t":
+        open_index += 1
     if not text.startswith("{", open_index):
         return None
     close_index = _closing_brace(text, open_index)
@@ -133,15 +140,23 @@ def extract_final_answer(text: str, strict: bool = False) -> str | None:
     """
     if not isinstance(text, str):
         return None
-    tail = text[-_MAX_PARSE_CHARS:]
+    tail = ascii_digits(text[-_MAX_PARSE_CHARS:])
     boxed = _last_boxed(tail)
     if boxed is not None or strict:
         return boxed
     try:
-        parsed = parse(tail, extraction_config=[_EXPR_CONFIG], parsing_timeout=_timeouts()[0])
+        plain = _UNBOUNDED.sub(" ", tail)  # "It is 72!" -> "It is 72 "
+        parsed = parse(plain, extraction_config=[_EXPR_CONFIG], parsing_timeout=_timeouts()[0])
     except (Exception, TimeoutException):
         return None
     return next((p for p in parsed if isinstance(p, str)), None)
+
+
+def ascii_digits(text: str) -> str:
+    """`text` with every Unicode decimal digit written as its ASCII digit ("７２" and "٧٢" -> "72")."""
+    if text.isascii():
+        return text
+    return "".join(str(unicodedata.decimal(c)) if unicodedata.decimal(c, None) is not None else c for c in text)
 
 
 def _is_number(expr: object) -> bool:
@@ -153,8 +168,11 @@ def _parse_prediction(answer: str, parsing_timeout: int | None) -> list:
     r"""math-verify parse of an answer text: as the LaTeX of ``\boxed{answer}`` first, and as plain text when that
     gives no symbol-free value (``18 dollars`` reads as 18*d*o*l*l*a*r*s in LaTeX, ``18.`` does not parse).
 
-    Thousands separators are removed first: math-verify reads "1\,234" and "1 234" as 235."""
-    answer = _THOUSANDS_SEP.sub("", answer)
+    Thousands separators are removed first: math-verify reads "1\,234" and "1 234" as 235. Answers with a
+    factorial or a power are not evaluated (see `_UNBOUNDED`)."""
+    answer = _THOUSANDS_SEP.sub("", ascii_digits(answer))
+    if _UNBOUNDED.search(answer):
+        return []
     latex = parse(f"{_BOXED}{{{answer}}}", extraction_config=[_LATEX_CONFIG], parsing_timeout=parsing_timeout)
     if any(_is_number(p) for p in latex):
         return latex
@@ -185,6 +203,21 @@ def answer_is_correct(prediction: str | None, gold: str) -> bool:
         return False
 
 
+def same_answer(first: str | None, second: str | None) -> bool:
+    r"""Whether two extracted answers are the same number ("18" and "\$18.00", "\frac{1}{2}" and "0.5"); False
+    when either is None or does not parse. Never raises."""
+    if first is None or second is None:
+        return False
+    parsing_timeout, verify_timeout = _timeouts()
+    try:
+        parsed = [_parse_prediction(answer, parsing_timeout) for answer in (first, second)]
+        if not all(any(_is_number(p) for p in candidates) for candidates in parsed):
+            return False
+        return bool(verify(parsed[0], parsed[1], timeout_seconds=verify_timeout))
+    except (Exception, TimeoutException):
+        return False
+
+
 def gold_answer_from_solution(solution: str) -> str | None:
     """The final answer of a GSM8K solution: the text after the last ``#### `` line, commas and "$" removed.
 
@@ -204,6 +237,8 @@ def gold_answer_from_solution(solution: str) -> str | None:
 
 
 def _accuracy(completions: list, answer: list[str], strict: bool) -> list[float]:
+    if answer is None:
+        raise ValueError("answer is None: the dataset needs an 'answer' column with the gold numbers")
     if len(completions) != len(answer):
         raise ValueError(f"completions ({len(completions)}) and answer ({len(answer)}) must have the same length")
     return [

@@ -4,11 +4,11 @@ import logging
 import math
 import os
 
-import trl
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from trl.trainer.grpo_trainer import GRPOTrainer as TRLGRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
-from .config import GRPOConfig
+from .config import GRPOConfig, TRLGRPOConfig
 from .resume import (
     EpochSeededSampler,
     checkpoint_problem,
@@ -49,7 +49,7 @@ class _GRPOLoopState:
         trainer._resumed_loss = (state["pending_loss"], state["last_logged_step"])
 
 
-class GRPOTrainer(trl.GRPOTrainer):
+class GRPOTrainer(TRLGRPOTrainer):
     """
     Drop-in replacement for [`trl.GRPOTrainer`]: same constructor, same reward function forms, `peft_config`,
     callbacks and loggers.
@@ -64,19 +64,19 @@ class GRPOTrainer(trl.GRPOTrainer):
     complete only once fully written. `train(resume_from_checkpoint=True)` picks the newest complete checkpoint and
     says which incomplete ones it skipped.
 
-    `args` may be a plain `trl.GRPOConfig` (a script that swapped only the trainer import): its values are kept and
-    this package's settings take their defaults. With `args=None` the default output folder is TRL's
-    (`<model name>-GRPO`).
+    `args` may be TRL's `GRPOConfig` or a subclass of it (a script that swapped only the trainer import): the object
+    is kept, and this package's settings are added to it at their defaults. With `args=None` the default output
+    folder is TRL's (`<model name>-GRPO`).
     """
 
-    _tag_names = [*trl.GRPOTrainer._tag_names, "trl-grpo-ext"]
+    _tag_names = [*TRLGRPOTrainer._tag_names, "trl-grpo-ext"]
 
-    def __init__(self, model, reward_funcs=None, args: GRPOConfig | trl.GRPOConfig | None = None, *more, **kwargs):
+    def __init__(self, model, reward_funcs=None, args: TRLGRPOConfig | None = None, *more, **kwargs):
         if args is None:
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = GRPOConfig(f"{model_name.split('/')[-1]}-GRPO")
         elif not isinstance(args, GRPOConfig):
-            args = GRPOConfig.from_trl(args)
+            args = GRPOConfig.add_defaults(args)
         super().__init__(model, reward_funcs, args, *more, **kwargs)
 
     def resumable_state(self) -> dict:

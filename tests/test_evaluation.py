@@ -1,0 +1,72 @@
+"""Evaluation: majority vote and accuracy figures against hand-computed values; adapters really are applied."""
+
+import pytest
+import torch
+from datasets import Dataset
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import trl_grpo_ext.evaluation as evaluation
+from trl_grpo_ext.evaluation import evaluate_gsm8k, format_table, load_model_for_eval, majority_answer
+
+
+@pytest.mark.parametrize(
+    ("completions", "expected"),
+    [
+        (["\\boxed{\\frac{1}{2}}"] * 3 + ["\\boxed{3}"] * 2, "\\frac{1}{2}"),  # equal LaTeX answers are one answer
+        (["\\boxed{0.5}", "\\boxed{\\frac{1}{2}}", "\\boxed{3}", "\\boxed{3}", "\\boxed{1/2}"], "0.5"),  # 3 vs 2
+        (["\\boxed{\\$18}", "\\boxed{18.00}", "so 18 dollars", "\\boxed{5}", "\\boxed{5}"], "\\$18"),
+        (["\\boxed{1\\,234}", "\\boxed{1234}", "\\boxed{7}"], "1\\,234"),
+        (["\\boxed{7}", "\\boxed{8}"], "7"),  # a tie: the answer seen first
+        (["no number here", ""], None),
+    ],
+)
+def test_majority_answer(completions, expected):
+    assert majority_answer(completions) == expected
+
+
+def test_evaluate_gsm8k_figures_by_hand(monkeypatch):
+    """4 problems with fixed completions. Greedy: boxed right, unboxed right, boxed wrong, nothing.
+    strict = 1/4 (only the first), lenient = 2/4. maj@3 votes: 5 (right), 2 (right), 9 (wrong), none -> 2/4."""
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"q{i}"}], "answer": a} for i, a in
+                                 enumerate(["5", "2", "7", "1"])])  # fmt: skip
+    greedy = [["so \\boxed{5}"], ["the answer is 2"], ["\\boxed{6}"], ["hmm"]]
+    sampled = [["\\boxed{5}", "\\boxed{5}", "\\boxed{4}"], ["2", "\\boxed{2.0}", "3"], ["\\boxed{9}"] * 3, ["?"] * 3]
+
+    def fake_generate(model, tokenizer, prompts, max_new_tokens, batch_size, num_samples=1, temperature=0.0):
+        assert [p[0]["content"] for p in prompts] == ["q0", "q1", "q2", "q3"]
+        return greedy if num_samples == 1 else sampled
+
+    monkeypatch.setattr(evaluation, "generate", fake_generate)
+    results = evaluate_gsm8k(None, None, dataset, maj_k=3)
+    assert (results["strict_accuracy"], results["lenient_accuracy"], results["maj@3"]) == (0.25, 0.5, 0.5)
+    assert [s["strict"] for s in results["samples"]] == [1.0, 0.0, 0.0, 0.0]
+    assert [s["lenient"] for s in results["samples"]] == [1.0, 1.0, 0.0, 0.0]
+    assert "strict_accuracy    25.0%" in format_table(results) and "maj@3              50.0%" in format_table(results)
+
+
+def test_generate_is_batched_and_greedy(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = [[{"role": "user", "content": f"What is {i} + {i}?" + " pad" * i}] for i in range(5)]
+    one_batch = evaluation.generate(model, tokenizer, prompts, max_new_tokens=6, batch_size=8)
+    small_batches = evaluation.generate(model, tokenizer, prompts, max_new_tokens=6, batch_size=2)
+    assert len(one_batch) == 5 and all(len(texts) == 1 for texts in one_batch)
+    assert one_batch == small_batches  # left padding: a prompt's greedy completion does not depend on its batch
+    with pytest.raises(ValueError, match="num_samples=2 needs temperature > 0"):
+        evaluation.generate(model, tokenizer, prompts, num_samples=2, temperature=0.0)
+
+
+def test_adapter_folder_is_merged_into_its_base(tiny_model_dir, tmp_path):
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    peft_model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    peft_model.save_pretrained(tmp_path / "adapter")
+    merged, tokenizer = load_model_for_eval(str(tmp_path / "adapter"), dtype="float32", device="cpu")
+
+    ids = tokenizer("What is 2 + 2?", return_tensors="pt").input_ids
+    with torch.no_grad():
+        base_logits = AutoModelForCausalLM.from_pretrained(tiny_model_dir)(ids).logits
+        adapter_logits = peft_model.eval()(ids).logits
+        merged_logits = merged(ids).logits
+    assert (adapter_logits - base_logits).abs().max() > 1e-3  # the adapter changes the model...
+    torch.testing.assert_close(merged_logits, adapter_logits, atol=1e-5, rtol=1e-5)  # ...and the eval model has it
