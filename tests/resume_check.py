@@ -80,10 +80,16 @@ def build_trainer(config: dict, model_dir: str, output_dir: str) -> tuple[GRPOTr
     return trainer, reward
 
 
-def run_phase(config: dict, model_dir: str, output_dir: str, resume_from: str | None = None) -> dict:
-    """Train and return what the comparison needs: logged rows, prompts seen, final parameters (as lists)."""
+def run_phase(
+    config: dict, model_dir: str, output_dir: str, resume_from: str | None = None, end: bool = False
+) -> dict:
+    """Train and return what the comparison needs: logged rows, prompts seen, final parameters (as lists).
+
+    `end=True` closes the trainer's process group (the last call of a worker process)."""
     trainer, reward = build_trainer(config, model_dir, output_dir)
     trainer.train(resume_from_checkpoint=resume_from)
+    if end:
+        trainer.end()  # without it, gloo's threads can abort the process at exit ("terminate called ...")
     return {
         "logs": [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in trainer.state.log_history],
         "prompts": reward.calls,
@@ -154,6 +160,6 @@ if __name__ == "__main__":  # one phase per process under accelerate launch
     config = json.loads(config_json)
     model_dir, output_dir = config.pop("model_dir"), config.pop("output_dir")
     resume_from = config.pop("resume_from")
-    record = run_phase(config, model_dir, output_dir, resume_from)
+    record = run_phase(config, model_dir, output_dir, resume_from, end=True)
     rank = int(os.environ.get("RANK", "0"))
     torch.save(record, f"{out_file}.rank{rank}")

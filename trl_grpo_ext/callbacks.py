@@ -16,6 +16,7 @@ COLUMNS = (
     ("step_time", "step time (s)", "{:>13.3f}"),
 )
 PLOT_NAME = "training_curves.png"
+GROUPS_PLOT_NAME = "policy_groups.png"
 HISTORY_NAME = "training_metrics.jsonl"
 
 
@@ -40,6 +41,7 @@ class MetricsTableCallback(TrainerCallback):
         if "reward" not in logs:
             return
         row = {"step": state.global_step, **{key: logs.get(key) for key, _, _ in COLUMNS}}
+        row.update({key: value for key, value in logs.items() if key.startswith("policy_groups/")})
         if not self.rows:
             print(" ".join(["step".rjust(5), *(title.rjust(len(fmt.format(0.0))) for _, title, fmt in COLUMNS)]))
         self.rows.append(row)
@@ -54,6 +56,8 @@ class MetricsTableCallback(TrainerCallback):
             f.writelines(json.dumps(row) + "\n" for row in self.rows)
         plot_path = plot_curves(self.rows, os.path.join(args.output_dir, PLOT_NAME))
         print(f"Saved {plot_path}")
+        if any(key.startswith("policy_groups/") for row in self.rows for key in row):
+            print(f"Saved {plot_policy_groups(self.rows, os.path.join(args.output_dir, GROUPS_PLOT_NAME))}")
 
 
 def _format(value, fmt: str) -> str:
@@ -81,6 +85,45 @@ def plot_curves(rows: list[dict], path: str) -> str:
     ax_entropy.set(xlabel="step", ylabel="nats / token", title="Entropy of the policy")
     for ax in (ax_reward, ax_entropy):
         ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_policy_groups(log_history: list[dict], path: str) -> str:
+    """Plot each policy group's weight and EMA reward against the step into a PNG at `path`; return it.
+
+    `log_history` is `trainer.state.log_history` (or the rows `MetricsTableCallback` keeps): dicts with a `step`
+    and `policy_groups/<name>/weight` / `policy_groups/<name>/reward` keys. Groups that appear later (a split)
+    start where they first appear; merged-away groups stop.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    prefix, suffix = "policy_groups/", "/weight"
+    names = sorted(
+        {
+            key[len(prefix) : -len(suffix)]
+            for row in log_history
+            for key in row
+            if key.startswith(prefix) and key.endswith(suffix)
+        }
+    )
+    fig, (ax_weight, ax_reward) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for name in names:
+        for ax, stat in ((ax_weight, "weight"), (ax_reward, "reward")):
+            points = [(row["step"], row[f"policy_groups/{name}/{stat}"]) for row in log_history
+                      if "step" in row and f"policy_groups/{name}/{stat}" in row]  # fmt: skip
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", markersize=2, label=name)
+    ax_weight.set(xlabel="step", ylabel="weight (mean 1 over groups)", title="Policy group weights")
+    ax_reward.set(xlabel="step", ylabel="EMA reward", title="Policy group rewards")
+    for ax in (ax_weight, ax_reward):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

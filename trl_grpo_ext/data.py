@@ -14,6 +14,7 @@ from pathlib import Path
 
 from datasets import Dataset
 
+from .grouping import gsm8k_difficulty
 from .rewards import gold_answer_from_solution
 
 logger = logging.getLogger(__name__)
@@ -82,7 +83,9 @@ def check_dataset_path(dataset_path: str | os.PathLike, splits: tuple[str, ...] 
 
 
 def to_grpo_rows(rows: list[dict], source: str = "gsm8k") -> list[dict]:
-    """Turn GSM8K rows into GRPO rows `{"prompt": messages, "answer": gold number}`.
+    """Turn GSM8K rows into GRPO rows `{"prompt": messages, "answer": gold number, "difficulty": steps bin}` (plus
+    `task` when the row has one). `difficulty` bins the number of calculation steps of the reference solution
+    (`grouping.gsm8k_difficulty`): a column to group prompts by.
 
     A row whose `answer` has no `#### N` line, or whose N is not a number, is reported (warning with its line or
     index) and skipped.
@@ -98,7 +101,8 @@ def to_grpo_rows(rows: list[dict], source: str = "gsm8k") -> list[dict]:
             logger.warning("%s %s: '#### %s' is not a number; row skipped", source, where, gold)
             continue
         prompt = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": row["question"]}]
-        out.append({"prompt": prompt, "answer": gold})
+        extra = {"task": row["task"]} if "task" in row else {}
+        out.append({"prompt": prompt, "answer": gold, "difficulty": gsm8k_difficulty(row["answer"]), **extra})
     return out
 
 
@@ -143,27 +147,40 @@ _ITEMS = ["apples", "pencils", "marbles", "stickers", "books", "cookies", "shell
 
 
 def synthetic_gsm8k(n: int, seed: int = 0) -> list[dict]:
-    """`n` seeded arithmetic word problems in GSM8K format (`question`, `answer` ending in `#### N`).
+    """`n` seeded arithmetic word problems in GSM8K format: `question`, `answer` (one line per calculation step,
+    ending in `#### N`) and `task`, the kind of problem: `addition` and `multiplication` (1 step), `two-step`,
+    `three-step` and `four-step`. So `difficulty` (`grouping.gsm8k_difficulty`) takes three values on them, as on
+    GSM8K: "1-2 steps", "3 steps", "4 steps".
 
-    One or two steps of +, -, x with small numbers; the same `seed` gives the same problems. Used by the CPU demo
-    and to train the tiny tokenizer, so nothing is downloaded.
+    The same `seed` gives the same problems. Used by the CPU demo and to train the tiny tokenizer, so nothing is
+    downloaded.
     """
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
         name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
-        a, b, c = rng.randint(2, 20), rng.randint(2, 12), rng.randint(1, 9)
-        kind = rng.randrange(3)
-        if kind == 0:
+        a, b, c, d = rng.randint(2, 20), rng.randint(2, 12), rng.randint(1, 3), rng.randint(1, 9)
+        task = rng.choice(["addition", "multiplication", "two-step", "three-step", "four-step"])
+        if task == "addition":
             question = f"{name} has {a} {item} and buys {b} more. How many {item} does {name} have now?"
-            steps, result = f"{a} + {b} = {a + b}", a + b
-        elif kind == 1:
+            steps = [f"{a} + {b} = {a + b}"]
+        elif task == "multiplication":
             question = f"{name} buys {b} bags with {a} {item} in each bag. How many {item} is that in total?"
-            steps, result = f"{b} * {a} = {a * b}", a * b
-        else:
+            steps = [f"{b} * {a} = {a * b}"]
+        elif task == "two-step":
             question = (
                 f"{name} has {a + b} {item}, gives away {b} and then finds {c} more. How many {item} does {name} have?"
             )
-            steps, result = f"{a + b} - {b} = {a}\n{a} + {c} = {a + c}", a + c
-        rows.append({"question": question, "answer": f"{steps}\n#### {result}"})
+            steps = [f"{a + b} - {b} = {a}", f"{a} + {c} = {a + c}"]
+        else:
+            start = f"{name} has {d} {item} and " if task == "four-step" else f"{name} "
+            question = (
+                f"{start}buys {b} bags with {a} {item} in each bag, gives away {c} and then finds {d} more. "
+                f"How many {item} does {name} have?"
+            )
+            total = a * b + (d if task == "four-step" else 0)
+            steps = [f"{b} * {a} = {a * b}"] + ([f"{d} + {a * b} = {total}"] if task == "four-step" else [])
+            steps += [f"{total} - {c} = {total - c}", f"{total - c} + {d} = {total - c + d}"]
+        result = steps[-1].rsplit("= ", 1)[1]
+        rows.append({"question": question, "answer": "\n".join(steps) + f"\n#### {result}", "task": task})
     return rows

@@ -1,0 +1,265 @@
+"""Policy grouping: formulas against hand-computed values, sampling distribution and contract, state, training."""
+
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+from torch.testing import assert_close
+
+from tests.conftest import small_grpo_kwargs
+from tests.resume_check import check_resume
+from trl_grpo_ext import GRPOConfig, GRPOTrainer
+from trl_grpo_ext import policy_groups as pg
+from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows
+from trl_grpo_ext.policy_group_state import PolicyGroupState
+
+D = torch.float64
+
+
+def test_prompt_statistics():
+    # prompt 0: rewards 1, 0 -> mean 0.5, unbiased std sqrt(0.5); prompt 1: 1, 1 -> mean 1, std 0 (zero std);
+    # prompt 2: NaN, 3 -> one valid reward: mean 3, std 0
+    stats = pg.prompt_statistics(torch.tensor([1.0, 0.0, 1.0, 1.0, math.nan, 3.0], dtype=D), num_generations=2)
+    assert_close(stats["mean"], torch.tensor([0.5, 1.0, 3.0], dtype=D))
+    assert_close(stats["std"], torch.tensor([math.sqrt(0.5), 0.0, 0.0], dtype=D))
+    assert stats["zero_std"].tolist() == [False, True, True]
+
+
+def test_group_means_and_ema():
+    # group 0 gets 1 and 3 -> 2; group 1 gets 5 (the NaN is left out); group 2 gets nothing
+    means, counts = pg.group_means(torch.tensor([1.0, 5.0, 3.0, math.nan], dtype=D), torch.tensor([0, 1, 0, 1]), 3)
+    assert_close(means, torch.tensor([2.0, 5.0, 0.0], dtype=D))
+    assert counts.tolist() == [2.0, 1.0, 0.0]
+    # EMA with decay 0.9: group 0 had 1.0 -> 0.9*1 + 0.1*2 = 1.1; group 1 first value -> 5; group 2 unseen -> 7 stays
+    old, has = torch.tensor([1.0, 0.0, 7.0], dtype=D), torch.tensor([True, False, True])
+    assert_close(pg.ema_update(old, means, counts > 0, has, 0.9), torch.tensor([1.1, 5.0, 7.0], dtype=D))
+
+
+def test_progress_weights_by_hand():
+    # weights 1,1,1; reward changes 0.3, 0.0, 0.0 -> mean 0.1 -> ΔR = 0.2, -0.1, -0.1; eta 0.5:
+    # 1.1, 0.95, 0.95 (sum 3.0, mean 1 already; inside [0.2, 5])
+    w = pg.progress_weights(torch.ones(3, dtype=D), torch.tensor([0.3, 0.0, 0.0], dtype=D), 0.5, 0.2, 5.0,
+                            torch.ones(3, dtype=torch.bool))  # fmt: skip
+    assert_close(w, torch.tensor([1.1, 0.95, 0.95], dtype=D))
+
+
+def test_deficit_weights_by_hand():
+    # rewards 0.2, 0.8 -> mean 0.5 -> factors 1 + 1*(0.3), 1 + 1*(-0.3) = 1.3, 0.7 (mean 1)
+    w = pg.deficit_weights(torch.ones(2, dtype=D), torch.tensor([0.2, 0.8], dtype=D), 1.0, 0.2, 5.0,
+                           torch.ones(2, dtype=torch.bool))  # fmt: skip
+    assert_close(w, torch.tensor([1.3, 0.7], dtype=D))
+
+
+def test_normalize_weights_clips_and_keeps_mean_one():
+    # 10, 1, 1 with max 2: clip -> 2, 1, 1 -> mean 4/3 -> rescale 1.5, 0.75, 0.75 (inside bounds); group 3 inactive
+    w = pg.normalize_weights(torch.tensor([10.0, 1.0, 1.0, 3.0], dtype=D), 0.5, 2.0,
+                             torch.tensor([True, True, True, False]))  # fmt: skip
+    assert_close(w, torch.tensor([1.5, 0.75, 0.75, 0.0], dtype=D))
+
+
+def test_sampling_probabilities_with_floor():
+    # weights 1,1,1,1 x uncertainty 0.25, 0, 0.25, anything (group 3 has no prompts) -> 0.5, 0, 0.5, 0;
+    # floor 0.3 over 3 available groups -> at least 0.1 -> 0.5, 0.1, 0.5 -> renormalised /1.1
+    p = pg.sampling_probabilities(torch.ones(4, dtype=D), torch.tensor([0.25, 0.0, 0.25, 9.0], dtype=D), 0.3,
+                                  torch.tensor([True, True, True, False]))  # fmt: skip
+    assert_close(p, torch.tensor([0.5 / 1.1, 0.1 / 1.1, 0.5 / 1.1, 0.0], dtype=D))
+    assert_close(pg.group_uncertainty(torch.tensor([0.5, 0.9], dtype=D), None, binary=True),
+                 torch.tensor([0.25, 0.09], dtype=D))  # fmt: skip
+
+
+def test_policy_group_baseline_by_hand():
+    # group 0: rewards 1, 0, 1 -> mean 2/3; group 1: 0, 0 -> mean 0
+    rewards, ids = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0]), torch.tensor([0, 0, 0, 1, 1])
+    assert_close(pg.policy_group_advantages(rewards, ids, 2, "none"), torch.tensor([1 / 3, -2 / 3, 1 / 3, 0.0, 0.0]))
+    # "group" scaling: group 0 std (unbiased) of 1,0,1 = sqrt(1/3); group 1 std 0 -> divided by 1e-4, still 0
+    expected = torch.tensor([1 / 3, -2 / 3, 1 / 3, 0, 0]) / torch.tensor([math.sqrt(1 / 3) + 1e-4] * 3 + [1e-4] * 2)
+    assert_close(pg.policy_group_advantages(rewards, ids, 2, "group"), expected)
+
+
+def test_loss_weights_have_mean_one():
+    # weights 2 and 0.5; completions in groups 0, 0, 1, 1 -> 2, 2, .5, .5 -> mean 1.25 -> 1.6, 1.6, 0.4, 0.4
+    w = pg.loss_weights(torch.tensor([2.0, 0.5], dtype=D), torch.tensor([0, 0, 1, 1]))
+    assert_close(w, torch.tensor([1.6, 1.6, 0.4, 0.4], dtype=D))
+
+
+class Args:
+    policy_group_sampling = "weighted"
+    policy_group_sampling_floor = 0.0
+    policy_group_update_steps = 1
+    policy_group_weight_rule = "progress"
+    policy_group_eta = 1.0
+    policy_group_weight_min = 0.1
+    policy_group_weight_max = 10.0
+
+
+def test_draws_follow_the_target_distribution():
+    """Chi-square goodness of fit over 10,000 draws (3 degrees of freedom; 16.27 is the 0.1% critical value)."""
+    assignment = torch.arange(400) % 4
+    state = PolicyGroupState(["a", "b", "c", "d"], assignment, seed=3)
+    state.weights = torch.tensor([0.4, 0.8, 1.2, 1.6], dtype=D)  # target 0.1, 0.2, 0.3, 0.4
+    target = state.probabilities(Args())
+    counts = torch.zeros(4)
+    for _ in range(100):
+        rows = state.draw_rows(100, Args())
+        counts += torch.bincount(assignment[rows], minlength=4)
+        state.generations += 1
+    expected = target * 10_000
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 16.27, (counts, expected)
+
+
+def test_draws_are_seeded_and_cover_a_group_before_repeating():
+    assignment = torch.tensor([0] * 6 + [1] * 6)
+    state = PolicyGroupState(["a", "b"], assignment, seed=0)
+    state.weights = torch.tensor([2.0, 0.0], dtype=D)  # all draws from group a
+    first = state.draw_rows(6, Args())
+    assert sorted(first.tolist()) == [0, 1, 2, 3, 4, 5]  # no prompt repeats before the group is used up
+    again = PolicyGroupState(["a", "b"], assignment, seed=0)
+    again.weights = state.weights
+    assert again.draw_rows(6, Args()).tolist() == first.tolist()  # same seed, same draws
+
+
+def test_observe_weights_and_state_round_trip():
+    # 2 groups, 1 prompt each, 2 generations: group a rewards 1, 1; group b rewards 0, 1
+    state = PolicyGroupState(["a", "b"], torch.tensor([0, 1]), seed=0)
+    state.observe(torch.tensor([0, 1]), torch.tensor([1.0, 1.0, 0.0, 1.0]), torch.tensor([4, 6, 8, 2]), 2, 0.5)
+    assert_close(state.ema["reward"], torch.tensor([1.0, 0.5], dtype=D))
+    assert_close(state.ema["zero_std_frac"], torch.tensor([1.0, 0.0], dtype=D))
+    assert_close(state.ema["length"], torch.tensor([5.0, 5.0], dtype=D))
+    assert state.binary and state.maybe_update_weights(1, Args())  # first window: no change yet -> weights 1
+    assert_close(state.weights, torch.ones(2, dtype=D))
+    # next batch: a 1,1 (EMA stays 1, change 0), b 1,1 (EMA 0.5*0.5 + 0.5*1 = 0.75, change 0.25)
+    state.observe(torch.tensor([0, 1]), torch.tensor([1.0, 1.0, 1.0, 1.0]), torch.tensor([1, 1, 1, 1]), 2, 0.5)
+    state.maybe_update_weights(2, Args())
+    # ΔR = 0 - 0.125, 0.25 - 0.125 -> factors 0.875, 1.125 (eta 1), mean 1
+    assert_close(state.weights, torch.tensor([0.875, 1.125], dtype=D))
+    copy = PolicyGroupState(["x"], torch.tensor([0]), seed=9)
+    copy.load_state_dict(torch.load(_save(state.state_dict()), weights_only=True))
+    assert copy.names == ["a", "b"] and torch.equal(copy.weights, state.weights)
+    assert copy.metrics() == state.metrics()
+
+
+def _save(obj):
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def test_regroup_children_inherit_parent_statistics_and_weight():
+    state = PolicyGroupState(["a", "b"], torch.tensor([0, 0, 1, 1]), seed=0)
+    state.observe(torch.tensor([0, 2]), torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.ones(4), 2, 0.0)
+    state.weights = torch.tensor([1.5, 0.5], dtype=D)
+    state.regroup(["a/lo", "b", "a/hi"], torch.tensor([0, 2, 1, 1]), "split a")  # split a into rows 0 | 1
+    assert_close(state.ema["reward"], torch.tensor([1.0, 0.0, 1.0], dtype=D))
+    assert_close(state.weights, torch.tensor([1.5, 0.5, 1.5], dtype=D))
+    assert state.events == ["split a"]
+
+
+def _grouped_dataset(n=48):
+    rows = to_grpo_rows(synthetic_gsm8k(n, seed=5))
+    return Dataset.from_list(rows)
+
+
+def task_reward(completions, task, **kwargs):
+    """Learnable per task: length parity for addition, always 1 for multiplication (solved), 0 for the rest."""
+    table = {"addition": lambda c: float(len(c) % 2), "multiplication": lambda c: 1.0}
+    return [table.get(t, lambda c: 0.0)(c[0]["content"]) for c, t in zip(completions, task, strict=True)]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"policy_group_sampling": "uncertainty", "advantage_baseline": "policy_group"},
+        {"policy_group_sampling": "weighted", "policy_group_weight_rule": "deficit"},
+        {"policy_group_sampling": "uniform"},
+    ],
+    ids=["uncertainty+group-baseline", "weighted+deficit", "uniform"],
+)
+def test_end_to_end_logs_every_group(tiny_model_dir, tmp_path, overrides):
+    args = GRPOConfig(
+        **small_grpo_kwargs(tmp_path, max_steps=4, per_device_train_batch_size=12),
+        policy_group_column="task", policy_group_update_steps=2, policy_group_min_size=4, **overrides,
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        model=tiny_model_dir, reward_funcs=[task_reward], args=args, train_dataset=_grouped_dataset()
+    )
+    trainer.train()
+    rows = [row for row in trainer.state.log_history if "loss" in row]
+    for name in ("addition", "multiplication", "two-step"):
+        assert all(f"policy_groups/{name}/weight" in row for row in rows)
+        assert all(f"policy_groups/{name}/count" in row for row in rows)
+    last = rows[-1]
+    weights = [value for key, value in last.items() if key.startswith("policy_groups/") and key.endswith("/weight")]
+    assert len(weights) == 5  # addition, multiplication, two-step, three-step, four-step
+    assert math.isclose(sum(weights) / 5, 1.0, rel_tol=1e-9) and all(0.2 <= w <= 5 for w in weights)
+    if "policy_groups/multiplication/reward" in last:
+        assert (
+            last["policy_groups/multiplication/reward"] == 1.0
+            and last["policy_groups/multiplication/zero_std_frac"] == 1
+        )
+    assert 0.0 < last["policy_groups/addition/entropy"] <= math.log(512) + 1e-6  # nats per token, vocabulary 512
+
+
+def test_missing_column_names_it_and_lists_columns(tiny_model_dir, tmp_path):
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path), policy_group_column="topic")
+    with pytest.raises(ValueError, match=r"topic.*prompt.*answer"):
+        GRPOTrainer(model=tiny_model_dir, reward_funcs=[task_reward], args=args, train_dataset=_grouped_dataset())
+
+
+def test_callable_assignment_and_small_groups_merge(tiny_model_dir, tmp_path, caplog):
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path), policy_group_min_size=10)
+    dataset = _grouped_dataset(24)
+    trainer = GRPOTrainer(
+        model=tiny_model_dir, reward_funcs=[task_reward], args=args, train_dataset=dataset,
+        policy_group_fn=lambda row: "first" if row["policy_group_row"] < 3 else "rest",
+    )  # fmt: skip
+    assert trainer.policy_groups.num_groups == 1 and trainer.policy_groups.events  # "first" had 3 < 10 prompts
+    assert "first" in trainer.policy_groups.events[0]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("policy_group_eta", -1.0, r"policy_group_eta must be in \(0, 10\], got -1.0"),
+        ("policy_group_sampling", "greedy", "policy_group_sampling must be one of"),
+        ("policy_group_weight_min", 1.5, "policy_group_weight_min"),
+        ("num_policy_groups", 20, r"num_policy_groups \(20\) <= max_policy_groups \(8\)"),
+        ("policy_group_update_steps", 0, "policy_group_update_steps must be >= 1, got 0"),
+        ("advantage_baseline", "batch", "advantage_baseline must be one of"),
+    ],
+)
+def test_config_values_out_of_range_are_named(field, value, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(**small_grpo_kwargs(tmp_path), **{field: value})
+
+
+def test_grouping_needs_the_unused_columns(tmp_path):
+    with pytest.raises(ValueError, match="remove_unused_columns=False"):
+        GRPOConfig(**small_grpo_kwargs(tmp_path), policy_group_column="task", remove_unused_columns=True)
+
+
+GROUPED = {
+    "policy_group_column": "task",
+    "policy_group_update_steps": 2,
+    "policy_group_min_size": 2,
+    "policy_group_sampling": "uncertainty",
+    "advantage_baseline": "policy_group",
+    "num_problems": 24,
+}
+
+
+def test_grouped_run_resumes_exactly(tmp_path, tiny_model_dir):
+    assert check_resume(GROUPED, tmp_path, tiny_model_dir) == 0.0
+
+
+def test_two_processes_hold_identical_weights_and_resume(tmp_path, tiny_model_dir):
+    from tests.resume_check import launch_phase
+
+    records = launch_phase({**GROUPED, "per_device_train_batch_size": 6}, tiny_model_dir, str(tmp_path / "r"), 2)
+    keys = [k for k in records[0]["logs"][-2] if k.startswith("policy_groups/")]
+    assert keys and all(row0.get(k) == row1.get(k) for row0, row1 in zip(records[0]["logs"], records[1]["logs"],
+                                                                         strict=True) for k in keys)  # fmt: skip

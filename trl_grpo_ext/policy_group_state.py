@@ -1,0 +1,188 @@
+"""`PolicyGroupState`: the policy groups of a run (assignment, statistics, weights, sampler queues), identical on
+every process, saved in every checkpoint. The formulas it applies are in `policy_groups`; grouping rules in
+`grouping`."""
+
+import torch
+
+from . import policy_groups as pg
+
+# Per-group statistics kept as EMAs (K,), all float64: mean reward, mean within-prompt reward std, fraction of
+# prompts whose completions all got the same reward, success rate (= mean reward when rewards are binary), mean
+# completion length in tokens, mean token entropy in nats.
+STATS = ("reward", "reward_std", "zero_std_frac", "success", "length", "entropy")
+
+
+class PolicyGroupState:
+    """Everything policy grouping decides from. Statistics come from gathered (all-process) batches, and every
+    random draw from a generator seeded by (seed, draw count), so all processes hold the same state.
+
+    Args:
+        names: group names, index = group id (K).
+        assignment: (num_rows,) group id of every training-dataset row.
+        seed: the run's seed.
+    """
+
+    def __init__(self, names: list[str], assignment: torch.Tensor, seed: int):
+        self.seed = seed
+        self.binary = True  # every reward seen so far was 0 or 1
+        self.nan_rewards = 0
+        self.generations = 0
+        self.last_update_step = 0
+        self.last_regroup_step = 0
+        self.refined = False
+        self.events: list[str] = []  # merges, splits and refinements, with their reasons
+        self.prompt_success = torch.full((len(assignment),), float("nan"), dtype=torch.float64)
+        self._set_groups(names, torch.as_tensor(assignment, dtype=torch.long))
+        self.weights = torch.ones(self.num_groups, dtype=torch.float64)
+
+    def _set_groups(self, names: list[str], assignment: torch.Tensor) -> None:
+        self.names, self.assignment = list(names), assignment
+        k = len(names)
+        self.ema = {name: torch.zeros(k, dtype=torch.float64) for name in STATS}
+        self.has_ema = {name: torch.zeros(k, dtype=torch.bool) for name in STATS}
+        self.prompts_seen = torch.zeros(k, dtype=torch.float64)
+        self.window_reward = torch.full((k,), float("nan"), dtype=torch.float64)
+        self.queues = [torch.empty(0, dtype=torch.long) for _ in range(k)]
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.names)
+
+    @property
+    def available(self) -> torch.Tensor:
+        """(K,) groups that hold at least one prompt."""
+        return torch.bincount(self.assignment, minlength=self.num_groups) > 0
+
+    def _generator(self, purpose: int) -> torch.Generator:
+        return torch.Generator().manual_seed(self.seed * 1_000_003 + self.generations * 7 + purpose)
+
+    # ----- statistics -----------------------------------------------------------------------------------------
+
+    def observe(self, rows: torch.Tensor, rewards: torch.Tensor, lengths: torch.Tensor, num_generations: int,
+                decay: float) -> None:  # fmt: skip
+        """Fold one gathered generation batch in: `rows` (P,) dataset rows, `rewards` and `lengths` (N,) per
+        completion, prompt by prompt. NaN rewards are left out and counted in `nan_rewards`."""
+        rewards = rewards.double()
+        self.nan_rewards += int(torch.isnan(rewards).sum())
+        valid = rewards[~torch.isnan(rewards)]
+        self.binary = self.binary and bool(((valid == 0) | (valid == 1)).all())
+        per_prompt = pg.prompt_statistics(rewards, num_generations)
+        ids = self.assignment[rows]
+        k = self.num_groups
+        batch = {
+            "reward": pg.group_means(per_prompt["mean"], ids, k),
+            "reward_std": pg.group_means(torch.where(per_prompt["valid"], per_prompt["std"], torch.nan), ids, k),
+            "zero_std_frac": pg.group_means(
+                torch.where(per_prompt["valid"], per_prompt["zero_std"].double(), torch.nan), ids, k
+            ),  # fmt: skip
+            "length": pg.group_means(lengths.double(), ids.repeat_interleave(num_generations), k),
+        }
+        batch["success"] = batch["reward"]
+        for name, (means, counts) in batch.items():
+            self._fold(name, means, counts > 0, decay)
+        self.prompts_seen += torch.bincount(ids, minlength=k).double()
+        known = ~torch.isnan(per_prompt["mean"])
+        old = self.prompt_success[rows[known]]
+        new = per_prompt["mean"][known]
+        self.prompt_success[rows[known]] = torch.where(torch.isnan(old), new, decay * old + (1 - decay) * new)
+        self.generations += 1
+
+    def observe_entropy(self, means: torch.Tensor, counts: torch.Tensor, decay: float) -> None:
+        """Fold in per-group mean token entropy (K,) in nats over `counts` (K,) completions."""
+        self._fold("entropy", means, counts > 0, decay)
+
+    def _fold(self, name: str, means: torch.Tensor, seen: torch.Tensor, decay: float) -> None:
+        self.ema[name] = pg.ema_update(self.ema[name], means, seen, self.has_ema[name], decay)
+        self.has_ema[name] = self.has_ema[name] | seen
+
+    # ----- weights and sampling -------------------------------------------------------------------------------
+
+    def maybe_update_weights(self, step: int, args) -> bool:
+        """Apply the weight rule once `policy_group_update_steps` steps have passed since the last update."""
+        if step - self.last_update_step < args.policy_group_update_steps:
+            return False
+        reward, seen = self.ema["reward"], self.has_ema["reward"]
+        active = self.available & seen
+        if active.sum() >= 2:
+            bounds = (args.policy_group_weight_min, args.policy_group_weight_max)
+            if args.policy_group_weight_rule == "progress":
+                change = torch.nan_to_num(reward - self.window_reward, nan=0.0)  # no window yet: no change
+                self.weights = pg.progress_weights(self.weights, change, args.policy_group_eta, *bounds, active)
+            else:
+                self.weights = pg.deficit_weights(self.weights, reward, args.policy_group_eta, *bounds, active)
+            self.weights = torch.where(active, self.weights, torch.ones_like(self.weights))
+            self.weights = pg.normalize_weights(self.weights, *bounds, self.available)
+        self.window_reward = torch.where(seen, reward, self.window_reward)
+        self.last_update_step = step
+        return True
+
+    def probabilities(self, args) -> torch.Tensor:
+        """(K,) probability of drawing each group for the next generation batch (`policy_group_sampling`)."""
+        if args.policy_group_sampling == "uncertainty":
+            uncertainty = pg.group_uncertainty(self.ema["success"], self.ema["reward_std"], self.binary)
+            # a group not seen yet is as uncertain as can be
+            uncertainty = torch.where(self.has_ema["reward"], uncertainty, torch.full_like(uncertainty, 0.25))
+        else:
+            uncertainty = torch.ones_like(self.weights)
+        return pg.sampling_probabilities(self.weights, uncertainty, args.policy_group_sampling_floor, self.available)
+
+    def draw_rows(self, num_prompts: int, args) -> torch.Tensor:
+        """Dataset rows (num_prompts,) for the next generation batch: groups drawn from `probabilities`, and within a
+        group its prompts in a seeded random order without repeats until all were drawn."""
+        generator = self._generator(purpose=1)
+        groups = torch.multinomial(self.probabilities(args), num_prompts, replacement=True, generator=generator)
+        rows = []
+        for group in groups.tolist():
+            if len(self.queues[group]) == 0:
+                members = (self.assignment == group).nonzero().flatten()
+                self.queues[group] = members[torch.randperm(len(members), generator=generator)]
+            rows.append(int(self.queues[group][0]))
+            self.queues[group] = self.queues[group][1:]
+        return torch.tensor(rows, dtype=torch.long)
+
+    # ----- regrouping -----------------------------------------------------------------------------------------
+
+    def regroup(self, names: list[str], assignment: torch.Tensor, reason: str) -> None:
+        """Replace the partition; each new group inherits the statistics and weight of the old groups its prompts
+        came from (averaged, by prompts seen, over several), so a split's children start as their parent."""
+        assignment = torch.as_tensor(assignment, dtype=torch.long)
+        old_ids, old_ema, old_has = self.assignment, self.ema, self.has_ema
+        old_seen, old_weights, old_window = self.prompts_seen, self.weights, self.window_reward
+        self._set_groups(names, assignment)
+        weights = torch.ones(self.num_groups, dtype=torch.float64)
+        for new in range(self.num_groups):
+            parents = torch.unique(old_ids[assignment == new])
+            share = old_seen[parents] + 1e-9
+            share = share / share.sum()
+            for stat in STATS:
+                has = old_has[stat][parents]
+                if has.any():
+                    self.ema[stat][new] = (old_ema[stat][parents][has] * share[has]).sum() / share[has].sum()
+                    self.has_ema[stat][new] = True
+            self.prompts_seen[new] = old_seen[parents].sum() / max(len(parents), 1)
+            weights[new] = (old_weights[parents] * share).sum()
+            window = old_window[parents]
+            if not torch.isnan(window).all():
+                self.window_reward[new] = window[~torch.isnan(window)].mean()
+        self.weights = weights
+        self.events.append(reason)
+
+    # ----- checkpoints and logging ----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {key: value for key, value in vars(self).items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        vars(self).update(state)
+
+    def metrics(self) -> dict[str, float]:
+        """`policy_groups/<name>/{weight,reward,reward_std,zero_std_frac,entropy,count}`; count = prompts seen."""
+        out = {}
+        for i, name in enumerate(self.names):
+            out[f"policy_groups/{name}/weight"] = float(self.weights[i])
+            for stat in ("reward", "reward_std", "zero_std_frac", "entropy"):
+                if self.has_ema[stat][i]:
+                    out[f"policy_groups/{name}/{stat}"] = float(self.ema[stat][i])
+            out[f"policy_groups/{name}/count"] = float(self.prompts_seen[i])
+        out["policy_groups/nan_rewards"] = float(self.nan_rewards)
+        return out

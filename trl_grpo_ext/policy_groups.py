@@ -1,0 +1,117 @@
+"""Policy-group statistics, weights and sampling (pure functions on tensors) and `PolicyGroupState`, which holds them.
+
+Shapes: K policy groups, P prompts in a generation batch (over all processes), G = `num_generations` completions per
+prompt, N = P*G completions. A policy group is a set of prompts (task, source, difficulty or cluster); it is not a
+generation group (the G completions of one prompt).
+
+Formulas:
+    - weight update, `progress` rule (the design's α_i ← α_i·(1 + η·ΔR_i)): ΔR_i = (R_i(t) − R_i(t−w)) − mean_j of
+      the same, R the EMA reward of a group, w the update window; then clip to [w_min, w_max] and renormalise to
+      mean 1 over groups (`normalize_weights`).
+    - `deficit` rule: α_i ← α_i·(1 + η·(R̄ − R_i)), R̄ the mean EMA reward over groups.
+    - uncertainty of a group: p(1−p) for binary rewards with success rate p (the variance of a Bernoulli reward, which
+      is what GRPO's advantage needs to be non-zero, DAPO arXiv:2503.14476 §3.2 "dynamic sampling"), else the mean
+      within-prompt reward std.
+    - `policy_group` baseline: A = (r − mean_G r) / (std + 1e-4), mean and std over the completions of the same
+      policy group in the batch, the group-level analogue of GRPO's eq. 3 (DeepSeekMath arXiv:2402.03300).
+"""
+
+import torch
+
+EPS = 1e-4  # as TRL's advantage scaling
+
+
+def prompt_statistics(rewards: torch.Tensor, num_generations: int) -> dict[str, torch.Tensor]:
+    """Per-prompt mean, std and "all completions got the same reward" of rewards (N,) laid out prompt by prompt.
+
+    NaN rewards (every reward function returned None) are left out; a prompt with none valid has NaN mean.
+    Returns tensors of shape (P,).
+    """
+    grouped = rewards.view(-1, num_generations)  # (P, G)
+    valid = ~torch.isnan(grouped)
+    count = valid.sum(1)
+    filled = torch.where(valid, grouped, torch.zeros_like(grouped))
+    mean = filled.sum(1) / count.clamp(min=1)
+    var = (torch.where(valid, (grouped - mean[:, None]) ** 2, torch.zeros_like(grouped))).sum(1)
+    std = (var / (count - 1).clamp(min=1)).sqrt()  # unbiased, as TRL's nanstd
+    mean = torch.where(count > 0, mean, torch.full_like(mean, float("nan")))
+    return {"mean": mean, "std": std, "zero_std": std < 1e-8, "valid": count > 0}
+
+
+def group_means(values: torch.Tensor, group_ids: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean of `values` (M,) per group id (M,) in [0, K), NaNs left out: returns (means (K,), counts (K,))."""
+    valid = ~torch.isnan(values)
+    ids, kept = group_ids[valid], values[valid].double()
+    counts = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, ids, torch.ones_like(kept))
+    sums = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, ids, kept)
+    return sums / counts.clamp(min=1), counts
+
+
+def ema_update(old: torch.Tensor, new: torch.Tensor, seen: torch.Tensor, has_value: torch.Tensor, decay: float):
+    """EMA of per-group values (K,): groups `seen` in this batch move toward `new`; a group's first value is taken
+    as is. Returns the updated EMA (K,)."""
+    blended = torch.where(has_value, decay * old + (1 - decay) * new, new)
+    return torch.where(seen, blended, old)
+
+
+def normalize_weights(weights: torch.Tensor, w_min: float, w_max: float, active: torch.Tensor) -> torch.Tensor:
+    """Weights (K,) clipped to [w_min, w_max] and rescaled to mean 1 over `active` groups (inactive ones get 0).
+
+    Clipping and rescaling alternate until both hold (a few rounds; w_min <= 1 <= w_max makes this converge).
+    """
+    w = torch.where(active, weights, torch.zeros_like(weights))
+    for _ in range(50):
+        w = torch.where(active, w.clamp(w_min, w_max), w)
+        w = w * active.sum() / w.sum()
+        if bool(((w[active] >= w_min - 1e-9) & (w[active] <= w_max + 1e-9)).all()):
+            break
+    return w
+
+
+def progress_weights(weights, reward_change, eta: float, w_min: float, w_max: float, active) -> torch.Tensor:
+    """The `progress` rule: α_i ← α_i·(1 + η·ΔR_i) with ΔR_i = change_i − mean change over active groups, then
+    `normalize_weights`. All tensors (K,)."""
+    delta = reward_change - reward_change[active].mean()
+    return normalize_weights(weights * (1 + eta * delta), w_min, w_max, active)
+
+
+def deficit_weights(weights, reward, eta: float, w_min: float, w_max: float, active) -> torch.Tensor:
+    """The `deficit` rule: α_i ← α_i·(1 + η·(R̄ − R_i)), R̄ the mean over active groups, then `normalize_weights`."""
+    return normalize_weights(weights * (1 + eta * (reward[active].mean() - reward)), w_min, w_max, active)
+
+
+def group_uncertainty(success_rate, reward_std, binary: bool) -> torch.Tensor:
+    """p(1−p) of the success rate for binary rewards, else the mean within-prompt reward std. Shape (K,)."""
+    return success_rate * (1 - success_rate) if binary else reward_std
+
+
+def sampling_probabilities(weights, uncertainty, floor: float, available) -> torch.Tensor:
+    """Probability (K,) of drawing each policy group: ∝ weights × uncertainty (pass ones for `weighted`), at least
+    `floor / K_available` for every group that has prompts, 0 for one that has none; sums to 1."""
+    k = int(available.sum())
+    score = torch.where(available, (weights * uncertainty).clamp(min=0), torch.zeros_like(weights))
+    p = score / score.sum() if score.sum() > 0 else available.double() / k
+    p = torch.where(available, p.clamp(min=floor / k), p)
+    return p / p.sum()
+
+
+def policy_group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, num_groups: int, scale: str):
+    """Advantages (N,) against the policy group's batch mean: (r − mean_G r) / (std + 1e-4) with the std over the
+    same policy group (`scale="group"`), over the batch (`"batch"`), or none (`"none"`). NaN rewards give 0."""
+    mean, counts = group_means(rewards, group_ids, num_groups)
+    centred = rewards.double() - mean[group_ids]
+    if scale == "group":
+        var, _ = group_means(centred**2, group_ids, num_groups)
+        std = (var * counts / (counts - 1).clamp(min=1)).sqrt()[group_ids]
+    elif scale == "batch":
+        std = centred[~torch.isnan(centred)].std() if (~torch.isnan(centred)).sum() > 1 else torch.tensor(0.0)
+    else:
+        std = None
+    advantages = centred if std is None else centred / (std + EPS)
+    return torch.nan_to_num(advantages, nan=0.0).to(rewards.dtype)
+
+
+def loss_weights(group_weights: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Each completion's group weight (N,), rescaled to mean 1 over the batch so the loss scale is unchanged."""
+    w = group_weights[group_ids]
+    return w / w.mean()
