@@ -263,3 +263,69 @@ def test_two_processes_hold_identical_weights_and_resume(tmp_path, tiny_model_di
     keys = [k for k in records[0]["logs"][-2] if k.startswith("policy_groups/")]
     assert keys and all(row0.get(k) == row1.get(k) for row0, row1 in zip(records[0]["logs"], records[1]["logs"],
                                                                          strict=True) for k in keys)  # fmt: skip
+
+
+def _trainer(tiny_model_dir, tmp_path, reward=task_reward, dataset=None, **overrides):
+    settings = {"policy_group_column": "task", "policy_group_min_size": 2, "policy_group_update_steps": 1}
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=2, per_device_train_batch_size=12), **{**settings,
+                      **overrides})  # fmt: skip
+    return GRPOTrainer(model=tiny_model_dir, reward_funcs=[reward], args=args,
+                       train_dataset=dataset if dataset is not None else _grouped_dataset())  # fmt: skip
+
+
+def test_evaluation_reports_unseen_groups_as_unassigned(tiny_model_dir, tmp_path):
+    trainer = _trainer(tiny_model_dir, tmp_path)
+    rows = to_grpo_rows(synthetic_gsm8k(8, seed=9))
+    for i, row in enumerate(rows):
+        row["task"] = "addition" if i < 4 else "geometry"  # no training prompt is about geometry
+    metrics = trainer.evaluate(eval_dataset=Dataset.from_list(rows))
+    assert "eval_policy_groups/addition/reward" in metrics and "eval_policy_groups/unassigned/reward" in metrics
+    assert "eval_policy_groups/geometry/reward" not in metrics
+
+
+def test_nan_rewards_are_left_out_and_counted(tiny_model_dir, tmp_path):
+    def sometimes_none(completions, task, **kwargs):
+        return [None if t == "addition" else 1.0 for t in task]
+
+    rows = to_grpo_rows(synthetic_gsm8k(24, seed=5))
+    for i, row in enumerate(rows):
+        row["task"] = "addition" if i % 2 else "multiplication"
+    trainer = _trainer(tiny_model_dir, tmp_path, reward=sometimes_none, dataset=Dataset.from_list(rows))
+    trainer.train()
+    last = [row for row in trainer.state.log_history if "loss" in row][-1]
+    assert last["policy_groups/nan_rewards"] > 0
+    assert "policy_groups/addition/reward" not in last  # every addition reward was None: no statistic yet
+    assert last["policy_groups/multiplication/reward"] == 1.0
+
+
+def test_kmeans_tfidf_assignment(tiny_model_dir, tmp_path):
+    trainer = _trainer(tiny_model_dir, tmp_path, policy_group_column=None, policy_group_features="tfidf",
+                       num_policy_groups=2)  # fmt: skip
+    assert trainer.policy_groups.names == ["cluster0", "cluster1"]
+    again = _trainer(tiny_model_dir, tmp_path / "again", policy_group_column=None, policy_group_features="tfidf",
+                     num_policy_groups=2)  # fmt: skip
+    assert torch.equal(trainer.policy_groups.assignment, again.policy_groups.assignment)  # deterministic
+
+
+def test_refine_step_splits_groups_into_sub_clusters(tiny_model_dir, tmp_path):
+    trainer = _trainer(tiny_model_dir, tmp_path, policy_group_refine_step=1, policy_group_refine_parts=2,
+                       max_policy_groups=7)  # fmt: skip
+    assert trainer.policy_groups.num_groups == 5
+    trainer.train()
+    assert trainer.policy_groups.num_groups == 7 and trainer.policy_groups.refined  # capped at max_policy_groups
+    assert any("refined 5 groups into 7" in event for event in trainer.policy_groups.events)
+    assert sum("/" in name for name in trainer.policy_groups.names) == 4  # two groups split in two
+
+
+def test_regroup_merges_groups_with_the_same_statistics(tiny_model_dir, tmp_path):
+    trainer = _trainer(tiny_model_dir, tmp_path, policy_group_regroup_steps=1, policy_group_merge_tol=0.05)
+    state = trainer.policy_groups  # addition, four-step, multiplication, three-step, two-step (sorted)
+    state.ema["reward"] = torch.tensor([0.1, 0.5, 0.9, 0.52, 0.2], dtype=D)
+    state.ema["reward_std"] = torch.tensor([0.3, 0.4, 0.1, 0.41, 0.3], dtype=D)
+    for stat in ("reward", "reward_std"):
+        state.has_ema[stat][:] = True
+    trainer._maybe_regroup(step=1)
+    # four-step and three-step differ by 0.02 and 0.01 (< 0.05); addition and two-step by 0.1: only one merge
+    assert state.names == ["addition", "four-step+three-step", "multiplication", "two-step"]
+    assert_close(state.ema["reward"][1], torch.tensor(0.51, dtype=D))  # parents averaged (equal prompts seen)
+    assert "four-step" in state.events[-1] and "three-step" in state.events[-1]

@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable
 
 import torch
+from accelerate.utils import gather_object
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl.trainer.grpo_trainer import GRPOTrainer as TRLGRPOTrainer
 from trl.trainer.utils import get_config_model_id
@@ -158,7 +159,32 @@ class GRPOTrainer(TRLGRPOTrainer):
         if self.policy_groups is not None and self.model.training:
             rows = torch.tensor([row[ROW_COLUMN] for row in inputs], device=rewards_per_func.device)
             self._policy_group_batch = (rewards_per_func, self.accelerator.gather(rows))
+        elif self.policy_groups is not None:
+            self._log_eval_policy_groups(inputs, rewards_per_func)
         return rewards_per_func
+
+    def _total_rewards(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
+        """(N,) weighted sum over reward functions as TRL forms it; NaN where every function returned None."""
+        rewards_per_func = rewards_per_func.cpu()
+        rewards = (rewards_per_func * self.reward_weights.cpu()).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        return rewards
+
+    def _log_eval_policy_groups(self, inputs: list[dict], rewards_per_func: torch.Tensor) -> None:
+        """Mean evaluation reward per policy group; a prompt whose group the training run does not know (or that
+        k-means grouping cannot place) is reported under `unassigned`."""
+        known = set(self.policy_groups.names)
+        if self.policy_group_fn is not None:
+            names = [self.policy_group_fn(row) for row in inputs]
+        elif self.args.policy_group_column is not None:
+            names = [row.get(self.args.policy_group_column) for row in inputs]
+        else:
+            names = [None] * len(inputs)
+        names = gather_object([str(name) if str(name) in known else "unassigned" for name in names])
+        rewards = self._total_rewards(rewards_per_func)
+        for name in sorted(set(names)):
+            values = rewards[torch.tensor([n == name for n in names])]
+            self._metrics["eval"][f"policy_groups/{name}/reward"].append(torch.nanmean(values).item())
 
     def _generate_and_score_completions(self, inputs):
         grouping_on = self.policy_groups is not None and self.model.training
@@ -180,8 +206,7 @@ class GRPOTrainer(TRLGRPOTrainer):
     def _apply_policy_groups(self, output: dict) -> None:
         args, state = self.args, self.policy_groups
         rewards_per_func, rows = (t.cpu() for t in self._policy_group_batch)  # (N, F), (N,)
-        rewards = (rewards_per_func * self.reward_weights.cpu()).nansum(dim=1)  # (N,) as TRL sums them
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        rewards = self._total_rewards(rewards_per_func)  # (N,)
         lengths = self.accelerator.gather(output["completion_mask"].sum(dim=1)).cpu()  # (N,) tokens
         state.observe(rows[:: self.num_generations], rewards, lengths, self.num_generations, args.policy_group_ema)
         step = self.state.global_step
