@@ -9,7 +9,8 @@ groups, and each completion is rewarded 0 or 1 by its prompt's group:
     solved : always 1                                   (nothing to learn: zero advantage)
     noise  : a coin flip from a hash of the completion  (nothing to learn: pure noise)
 Both trainers get the same model, data, seed, batch (16 completions a step) and learning rate. `trl.GRPOTrainer`
-samples the groups uniformly. trl_grpo_ext uses policy group weights (progress rule) and uncertainty sampling.
+samples the groups uniformly. trl_grpo_ext uses policy group weights (`OURS`: the deficit rule) and uncertainty
+sampling.
 
 For each seed the script reports the steps, and the completion tokens generated, until the learnable groups' mean
 reward, averaged over the last 3 steps, reaches 0.9. It then prints the medians over seeds and their ratio (the
@@ -37,9 +38,13 @@ from trl_grpo_ext.tiny_model import save_tiny_model  # noqa: E402
 GROUPS = ("short", "shorter", "solved", "noise")
 LEARNABLE = {"short", "shorter"}
 THRESHOLD, WINDOW = 0.9, 3
+# Weights by the deficit rule with uncertainty sampling. The progress rule (pass --ours '{"policy_group_weight_rule":
+# "progress", "policy_group_eta": 2.0, "policy_group_weight_min": 0.2}') falls into the noise group's trap on 3 of 5
+# seeds: coin-flip rewards have the largest p(1-p), and no progress to tell them apart from the learnable groups.
 OURS = dict(
     policy_group_column="task", policy_group_sampling="uncertainty", policy_group_update_steps=2,
-    policy_group_eta=2.0, policy_group_ema=0.5, policy_group_weight_min=0.2, policy_group_weight_max=5.0,
+    policy_group_weight_rule="deficit", policy_group_eta=4.0, policy_group_ema=0.5, policy_group_weight_min=0.05,
+    policy_group_weight_max=5.0,
 )  # fmt: skip
 OURS_RUN = dict(OURS)  # the settings of the variant being run
 

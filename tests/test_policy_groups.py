@@ -329,3 +329,38 @@ def test_regroup_merges_groups_with_the_same_statistics(tiny_model_dir, tmp_path
     assert state.names == ["addition", "four-step+three-step", "multiplication", "two-step"]
     assert_close(state.ema["reward"][1], torch.tensor(0.51, dtype=D))  # parents averaged (equal prompts seen)
     assert "four-step" in state.events[-1] and "three-step" in state.events[-1]
+
+
+def test_drawn_generation_batch_keeps_trls_repeat_contract(tiny_model_dir, tmp_path):
+    """Each drawn prompt fills `num_generations` consecutive slots; two processes' slices tile one global draw."""
+    trainer = _trainer(tiny_model_dir, tmp_path, policy_group_sampling="weighted")
+    batch = trainer._draw_generation_batch(12)  # 12 completions on this process = 3 prompts x 4 generations
+    rows = [row["policy_group_row"] for row in batch]
+    assert all(len(set(rows[i : i + 4])) == 1 for i in range(0, 12, 4))
+    # a 2-process run draws 6 prompts at once; rank r takes completions [12r, 12r + 12) of the same draw
+    state = trainer.policy_groups
+    saved = {key: (value.clone() if torch.is_tensor(value) else value) for key, value in vars(state).items()}
+    saved["queues"] = [q.clone() for q in state.queues]
+    global_rows = state.draw_rows(6, trainer.args).repeat_interleave(4)
+    vars(state).update(saved)
+    trainer.accelerator.state.num_processes = 2  # what _draw_generation_batch reads
+    try:
+        first = [row["policy_group_row"] for row in trainer._draw_generation_batch(12)]
+    finally:
+        trainer.accelerator.state.num_processes = 1
+    assert first == global_rows[:12].tolist()
+
+
+def test_config_docstring_and_help_describe_the_same_fields():
+    """TRL's convention: every field is documented in the class docstring and carries help metadata."""
+    import dataclasses
+
+    import trl
+
+    ours = [
+        f for f in dataclasses.fields(GRPOConfig) if f.name not in {g.name for g in dataclasses.fields(trl.GRPOConfig)}
+    ]
+    assert len(ours) == 21
+    for f in ours:
+        assert f"        {f.name} (`" in GRPOConfig.__doc__, f"{f.name} is missing from the docstring"
+        assert f.metadata.get("help"), f"{f.name} has no help text"

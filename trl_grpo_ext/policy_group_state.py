@@ -30,6 +30,7 @@ class PolicyGroupState:
         self.last_update_step = 0
         self.last_regroup_step = 0
         self.refined = False
+        self.num_generations = 1  # set by `observe`; the completions seen are prompts seen x this
         self.events: list[str] = []  # merges, splits and refinements, with their reasons
         self.prompt_success = torch.full((len(assignment),), float("nan"), dtype=torch.float64)
         self._set_groups(names, torch.as_tensor(assignment, dtype=torch.long))
@@ -81,6 +82,7 @@ class PolicyGroupState:
         for name, (means, counts) in batch.items():
             self._fold(name, means, counts > 0, decay)
         self.prompts_seen += torch.bincount(ids, minlength=k).double()
+        self.num_generations = num_generations
         known = ~torch.isnan(per_prompt["mean"])
         old = self.prompt_success[rows[known]]
         new = per_prompt["mean"][known]
@@ -119,7 +121,9 @@ class PolicyGroupState:
     def probabilities(self, args) -> torch.Tensor:
         """(K,) probability of drawing each group for the next generation batch (`policy_group_sampling`)."""
         if args.policy_group_sampling == "uncertainty":
-            uncertainty = pg.group_uncertainty(self.ema["success"], self.ema["reward_std"], self.binary)
+            uncertainty = pg.group_uncertainty(
+                self.ema["success"], self.ema["reward_std"], self.binary, self.prompts_seen * self.num_generations
+            )
             # a group not seen yet is as uncertain as can be
             uncertainty = torch.where(self.has_ema["reward"], uncertainty, torch.full_like(uncertainty, 0.25))
         else:

@@ -10,8 +10,8 @@ Formulas:
       mean 1 over groups (`normalize_weights`).
     - `deficit` rule: α_i ← α_i·(1 + η·(R̄ − R_i)), R̄ the mean EMA reward over groups.
     - uncertainty of a group: p(1−p) for binary rewards with success rate p (the variance of a Bernoulli reward, which
-      is what GRPO's advantage needs to be non-zero, DAPO arXiv:2503.14476 §3.2 "dynamic sampling"), else the mean
-      within-prompt reward std.
+      is what GRPO's advantage needs to be non-zero, DAPO arXiv:2503.14476 §3.2 "dynamic sampling"), p smoothed by
+      Laplace's rule of succession over the completions seen; else the mean within-prompt reward std.
     - `policy_group` baseline: A = (r − mean_G r) / (std + 1e-4), mean and std over the completions of the same
       policy group in the batch, the group-level analogue of GRPO's eq. 3 (DeepSeekMath arXiv:2402.03300).
 """
@@ -80,9 +80,18 @@ def deficit_weights(weights, reward, eta: float, w_min: float, w_max: float, act
     return normalize_weights(weights * (1 + eta * (reward[active].mean() - reward)), w_min, w_max, active)
 
 
-def group_uncertainty(success_rate, reward_std, binary: bool) -> torch.Tensor:
-    """p(1−p) of the success rate for binary rewards, else the mean within-prompt reward std. Shape (K,)."""
-    return success_rate * (1 - success_rate) if binary else reward_std
+def group_uncertainty(success_rate, reward_std, binary: bool, completions_seen=None) -> torch.Tensor:
+    """p(1−p) of the success rate for binary rewards, else the mean within-prompt reward std. Shape (K,).
+
+    With `completions_seen` (K,), p is Laplace's rule of succession, (p·n + 1) / (n + 2) with n completions seen,
+    so that a group seen a few times with no success yet keeps some uncertainty instead of none (a group that is
+    learnable but not learnt yet would otherwise never be drawn).
+    """
+    if not binary:
+        return reward_std
+    if completions_seen is not None:
+        success_rate = (success_rate * completions_seen + 1) / (completions_seen + 2)
+    return success_rate * (1 - success_rate)
 
 
 def sampling_probabilities(weights, uncertainty, floor: float, available) -> torch.Tensor:

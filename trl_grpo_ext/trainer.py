@@ -86,6 +86,16 @@ class GRPOTrainer(TRLGRPOTrainer):
     complete only once fully written. `train(resume_from_checkpoint=True)` picks the newest complete checkpoint and
     says which incomplete ones it skipped.
 
+    Dynamic policy grouping (off unless `GRPOConfig.policy_group_column` / `policy_group_features` is set, or
+    `policy_group_fn` is given): `policy_group_fn(example: dict) -> str` names each training prompt's policy group;
+    the trainer then keeps per-group statistics and weights (`self.policy_groups`, a `PolicyGroupState`) and applies
+    them to the advantages and to which prompts are generated for. It adds a `policy_group_row` column (the row
+    index) to the training dataset, which reward functions receive among their keyword arguments.
+
+    Raises:
+        ValueError: policy grouping with an iterable or missing training dataset, or with a missing column (the
+            message lists the dataset's columns).
+
     `args` may be TRL's `GRPOConfig` or a subclass of it (a script that swapped only the trainer import): the object
     is kept, and this package's settings are added to it at their defaults. With `args=None` the default output
     folder is TRL's (`<model name>-GRPO`).
