@@ -5,16 +5,12 @@ import math
 import os
 from collections.abc import Callable
 
-import torch
-from accelerate.utils import gather_object
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl.trainer.grpo_trainer import GRPOTrainer as TRLGRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
-from . import grouping
-from . import policy_groups as pg
 from .config import GRPOConfig, TRLGRPOConfig, policy_grouping_requested
-from .policy_group_state import PolicyGroupState
+from .policy_group_hooks import PolicyGroupHooks, with_row_column
 from .resume import (
     EpochSeededSampler,
     checkpoint_problem,
@@ -25,22 +21,6 @@ from .resume import (
 )
 
 logger = logging.getLogger(__name__)
-
-ROW_COLUMN = "policy_group_row"  # added to the training dataset when policy grouping is on: each row's index
-
-
-def with_row_column(dataset):
-    """`dataset` with its row index in `ROW_COLUMN`, so that rows keep their policy group through TRL's loader.
-
-    Raises:
-        ValueError: no dataset, an iterable dataset (policy grouping needs to index rows), or one that already
-            has the column.
-    """
-    if dataset is None or not hasattr(dataset, "add_column"):
-        raise ValueError(f"policy grouping needs a map-style datasets.Dataset as train_dataset, got {type(dataset)}")
-    if ROW_COLUMN in dataset.column_names:
-        raise ValueError(f"the training dataset already has a column named {ROW_COLUMN!r}, which policy grouping uses")
-    return dataset.add_column(ROW_COLUMN, list(range(len(dataset))))
 
 
 class _GRPOLoopState:
@@ -71,7 +51,7 @@ class _GRPOLoopState:
         trainer._resumed_loss = (state["pending_loss"], state["last_logged_step"])
 
 
-class GRPOTrainer(TRLGRPOTrainer):
+class GRPOTrainer(PolicyGroupHooks, TRLGRPOTrainer):
     """
     Drop-in replacement for [`trl.GRPOTrainer`]: same constructor, same reward function forms, `peft_config`,
     callbacks and loggers.
@@ -124,8 +104,6 @@ class GRPOTrainer(TRLGRPOTrainer):
         super().__init__(model, reward_funcs, args, train_dataset, *more, **kwargs)
         self.policy_group_fn = policy_group_fn
         self.policy_groups = self._build_policy_groups() if grouping else None
-        self._policy_group_batch = None  # (gathered rewards per function (N, F), dataset rows (N,)) of this batch
-        self._policy_group_entropies = None  # (B, T) entropies of the last loss computation
 
     def resumable_state(self) -> dict:
         """Objects with `state_dict()` / `load_state_dict()` saved in every checkpoint and restored on resume, by
@@ -134,172 +112,6 @@ class GRPOTrainer(TRLGRPOTrainer):
         if self.policy_groups is not None:
             state["policy_groups"] = self.policy_groups
         return state
-
-    # ----- policy grouping: wiring of `grouping`, `policy_groups` and `policy_group_state` into TRL's hooks -----
-
-    def _build_policy_groups(self) -> PolicyGroupState:
-        args, dataset = self.args, self.train_dataset
-        features = None
-        if self.policy_group_fn is not None:
-            names, assignment = grouping.assign_from_callable(dataset, self.policy_group_fn)
-        elif args.policy_group_column is not None:
-            names, assignment = grouping.assign_from_column(dataset, args.policy_group_column)
-        else:
-            features = self._policy_group_features(args.policy_group_features)
-            names, assignment = grouping.kmeans_groups(features, args.num_policy_groups, args.seed)
-        names, assignment, merges = grouping.merge_small_groups(
-            names, assignment, args.policy_group_min_size, features
-        )
-        for reason in merges:
-            logger.warning("Policy groups: %s", reason)
-        state = PolicyGroupState(names, torch.as_tensor(assignment), args.seed)
-        state.events.extend(merges)
-        logger.info("Policy groups: %s", dict(zip(names, torch.bincount(state.assignment).tolist(), strict=True)))
-        return state
-
-    def _policy_group_features(self, kind: str):
-        texts = grouping.prompt_texts(self.train_dataset)
-        if kind == "embedding":
-            model = self.accelerator.unwrap_model(self.model)
-            return grouping.embedding_features(model, self.processing_class, texts)
-        return grouping.tfidf_features(texts)
-
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        if self.policy_groups is not None and self.model.training:
-            rows = torch.tensor([row[ROW_COLUMN] for row in inputs], device=rewards_per_func.device)
-            self._policy_group_batch = (rewards_per_func, self.accelerator.gather(rows))
-        elif self.policy_groups is not None:
-            self._log_eval_policy_groups(inputs, rewards_per_func)
-        return rewards_per_func
-
-    def _total_rewards(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
-        """(N,) weighted sum over reward functions as TRL forms it; NaN where every function returned None."""
-        rewards_per_func = rewards_per_func.cpu()
-        rewards = (rewards_per_func * self.reward_weights.cpu()).nansum(dim=1)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        return rewards
-
-    def _log_eval_policy_groups(self, inputs: list[dict], rewards_per_func: torch.Tensor) -> None:
-        """Mean evaluation reward per policy group; a prompt whose group the training run does not know (or that
-        k-means grouping cannot place) is reported under `unassigned`."""
-        known = set(self.policy_groups.names)
-        if self.policy_group_fn is not None:
-            names = [self.policy_group_fn(row) for row in inputs]
-        elif self.args.policy_group_column is not None:
-            names = [row.get(self.args.policy_group_column) for row in inputs]
-        else:
-            names = [None] * len(inputs)
-        names = gather_object([str(name) if str(name) in known else "unassigned" for name in names])
-        rewards = self._total_rewards(rewards_per_func)
-        for name in sorted(set(names)):
-            values = rewards[torch.tensor([n == name for n in names])]
-            self._metrics["eval"][f"policy_groups/{name}/reward"].append(torch.nanmean(values).item())
-
-    def _generate_and_score_completions(self, inputs):
-        grouping_on = self.policy_groups is not None and self.model.training
-        if grouping_on and self.args.policy_group_sampling != "uniform":
-            inputs = self._draw_generation_batch(len(inputs))
-        output = super()._generate_and_score_completions(inputs)
-        if grouping_on:
-            self._apply_policy_groups(output)
-        return output
-
-    def _draw_generation_batch(self, local_size: int) -> list[dict]:
-        """Replace the data loader's generation batch by prompts drawn per policy group: the same global draw on
-        every process (each takes its slice), every prompt repeated `num_generations` times, as TRL's sampler."""
-        num_prompts = local_size * self.accelerator.num_processes // self.num_generations
-        rows = self.policy_groups.draw_rows(num_prompts, self.args).repeat_interleave(self.num_generations)
-        start = self.accelerator.process_index * local_size
-        return [self.train_dataset[int(row)] for row in rows[start : start + local_size]]
-
-    def _apply_policy_groups(self, output: dict) -> None:
-        args, state = self.args, self.policy_groups
-        rewards_per_func, rows = (t.cpu() for t in self._policy_group_batch)  # (N, F), (N,)
-        rewards = self._total_rewards(rewards_per_func)  # (N,)
-        lengths = self.accelerator.gather(output["completion_mask"].sum(dim=1)).cpu()  # (N,) tokens
-        state.observe(rows[:: self.num_generations], rewards, lengths, self.num_generations, args.policy_group_ema)
-        step = self.state.global_step
-        state.maybe_update_weights(step, args)
-        self._maybe_regroup(step)
-
-        group_ids = state.assignment[rows]  # (N,)
-        advantages = output["advantages"]  # (B,) this process's part of the N completions
-        start = self.accelerator.process_index * len(advantages)
-        local = slice(start, start + len(advantages))
-        if args.advantage_baseline == "policy_group":
-            scale = self.scale_rewards
-            global_advantages = pg.policy_group_advantages(rewards, group_ids, state.num_groups, scale)
-            advantages = global_advantages[local].to(advantages)
-        if args.policy_group_loss_weighting:
-            advantages = advantages * pg.loss_weights(state.weights, group_ids)[local].to(advantages)
-        output["advantages"] = advantages
-        output["policy_group_ids"] = group_ids[local].to(output["completion_mask"].device)
-        for key, value in state.metrics().items():
-            self._metrics["train"][key].append(value)
-
-    def _maybe_regroup(self, step: int) -> None:
-        args, state = self.args, self.policy_groups
-        if args.policy_group_refine_step is not None and not state.refined and step >= args.policy_group_refine_step:
-            state.refined = True
-            features = self._policy_group_features(args.policy_group_features or "tfidf")
-            names, assignment = grouping.refine_groups(
-                state.names, state.assignment.numpy(), features, args.policy_group_refine_parts, args.seed,
-                args.max_policy_groups,
-            )  # fmt: skip
-            self._regroup(names, assignment, f"step {step}: refined {state.num_groups} groups into {len(names)}")
-        if args.policy_group_regroup_steps is None or step - state.last_regroup_step < args.policy_group_regroup_steps:
-            return
-        state.last_regroup_step = step
-        seen = state.has_ema["reward"]
-        merge = grouping.plan_merge(
-            state.names, torch.where(seen, state.ema["reward"], torch.nan).numpy(),
-            torch.where(seen, state.ema["reward_std"], torch.nan).numpy(), args.policy_group_merge_tol,
-            args.min_policy_groups,
-        )  # fmt: skip
-        if merge is not None:
-            i, j, reason = merge
-            self._regroup(*grouping.apply_merge(state.names, state.assignment.numpy(), i, j), f"step {step}: {reason}")
-            return
-        if state.num_groups >= args.max_policy_groups:
-            return
-        for group, name in enumerate(state.names):
-            members = (state.assignment == group) & ~torch.isnan(state.prompt_success)
-            prompt_ids = members.nonzero().flatten()
-            split = grouping.plan_split(
-                name, prompt_ids.numpy(), state.prompt_success[prompt_ids].numpy(), args.policy_group_min_size,
-                args.policy_group_split_gap,
-            )  # fmt: skip
-            if split is not None:
-                _, high_ids, reason = split
-                names, assignment = grouping.apply_split(state.names, state.assignment.numpy(), group, high_ids)
-                self._regroup(names, assignment, f"step {step}: {reason}")
-                return
-
-    def _regroup(self, names, assignment, reason: str) -> None:
-        self.policy_groups.regroup(names, torch.as_tensor(assignment), reason)
-        logger.warning("Policy groups: %s -> %s", reason, self.policy_groups.names)
-
-    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        if self.policy_groups is not None and self.model.training and kwargs.get("compute_entropy"):
-            self._policy_group_entropies = result[1].detach()
-        return result
-
-    def _compute_loss(self, model, inputs):
-        loss = super()._compute_loss(model, inputs)
-        entropies, self._policy_group_entropies = self._policy_group_entropies, None
-        if entropies is not None and "policy_group_ids" in inputs:
-            mask = inputs["completion_mask"]
-            per_completion = (entropies * mask).sum(1) / mask.sum(1).clamp(min=1)  # (B,) nats per token
-            k = self.policy_groups.num_groups
-            ids = inputs["policy_group_ids"]  # set after any regroup of this generation batch, so still valid
-            sums = torch.zeros(k, device=mask.device).index_add_(0, ids, per_completion.float())
-            counts = torch.zeros(k, device=mask.device).index_add_(0, ids, torch.ones_like(per_completion.float()))
-            totals = self.accelerator.gather(torch.stack([sums, counts])[None]).sum(0).double().cpu()  # (2, K)
-            means = totals[0] / totals[1].clamp(min=1)
-            self.policy_groups.observe_entropy(means, totals[1], self.args.policy_group_ema)
-        return loss
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *more, **kwargs):
         """TRL's `train`; `resume_from_checkpoint=True` resumes from the newest *complete* checkpoint.
