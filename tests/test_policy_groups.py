@@ -59,13 +59,22 @@ def test_normalize_weights_clips_and_keeps_mean_one():
 
 
 def test_sampling_probabilities_with_floor():
-    # weights 1,1,1,1 x uncertainty 0.25, 0, 0.25, anything (group 3 has no prompts) -> 0.5, 0, 0.5, 0;
-    # floor 0.3 over 3 available groups -> at least 0.1 -> 0.5, 0.1, 0.5 -> renormalised /1.1
+    # weights 1,1,1,1 x uncertainty 0.25, 0, 0.25, anything (group 3 has no prompts) -> q = 0.5, 0, 0.5, 0;
+    # floor 0.3 over 3 available groups: 0.7 q + 0.1 = 0.45, 0.1, 0.45, 0 (every available group >= 0.3/3)
     p = pg.sampling_probabilities(torch.ones(4, dtype=D), torch.tensor([0.25, 0.0, 0.25, 9.0], dtype=D), 0.3,
                                   torch.tensor([True, True, True, False]))  # fmt: skip
-    assert_close(p, torch.tensor([0.5 / 1.1, 0.1 / 1.1, 0.5 / 1.1, 0.0], dtype=D))
+    assert_close(p, torch.tensor([0.45, 0.1, 0.45, 0.0], dtype=D))
+    # the floor holds at the default 0.05 too: one group takes all the score, the others get 0.05/4 each
+    p = pg.sampling_probabilities(torch.ones(4, dtype=D), torch.tensor([1.0, 0, 0, 0], dtype=D), 0.05,
+                                  torch.ones(4, dtype=torch.bool))  # fmt: skip
+    assert_close(p, torch.tensor([0.95 + 0.0125, 0.0125, 0.0125, 0.0125], dtype=D))
     assert_close(pg.group_uncertainty(torch.tensor([0.5, 0.9], dtype=D), None, binary=True),
                  torch.tensor([0.25, 0.09], dtype=D))  # fmt: skip
+    # Laplace: success 0 over 8 completions -> (0 + 1) / (8 + 2) = 0.1 -> 0.09; over 98 -> 0.01 -> 0.0099
+    assert_close(pg.group_uncertainty(torch.zeros(2, dtype=D), None, True, torch.tensor([8.0, 98.0], dtype=D)),
+                 torch.tensor([0.09, 0.0099], dtype=D))  # fmt: skip
+    # non-binary rewards: the within-prompt std as is
+    assert_close(pg.group_uncertainty(None, torch.tensor([0.3], dtype=D), False), torch.tensor([0.3], dtype=D))
 
 
 def test_policy_group_baseline_by_hand():
@@ -75,6 +84,12 @@ def test_policy_group_baseline_by_hand():
     # "group" scaling: group 0 std (unbiased) of 1,0,1 = sqrt(1/3); group 1 std 0 -> divided by 1e-4, still 0
     expected = torch.tensor([1 / 3, -2 / 3, 1 / 3, 0, 0]) / torch.tensor([math.sqrt(1 / 3) + 1e-4] * 3 + [1e-4] * 2)
     assert_close(pg.policy_group_advantages(rewards, ids, 2, "group"), expected)
+    # "batch": TRL's batch std of the rewards. 0,1,0,1,9,10,9,10: mean 5, squared deviations 164, /7 -> std 4.8403;
+    # group means 0.5 and 9.5 -> centred +-0.5 -> +-0.5 / (4.8403 + 1e-4)
+    rewards = torch.tensor([0.0, 1, 0, 1, 9, 10, 9, 10])
+    std = math.sqrt(164 / 7)
+    expected = torch.tensor([-0.5, 0.5, -0.5, 0.5, -0.5, 0.5, -0.5, 0.5]) / (std + 1e-4)
+    assert_close(pg.policy_group_advantages(rewards, torch.tensor([0] * 4 + [1] * 4), 2, "batch"), expected)
 
 
 def test_loss_weights_have_mean_one():
@@ -97,8 +112,8 @@ def test_draws_follow_the_target_distribution():
     """Chi-square goodness of fit over 10,000 draws (3 degrees of freedom; 16.27 is the 0.1% critical value)."""
     assignment = torch.arange(400) % 4
     state = PolicyGroupState(["a", "b", "c", "d"], assignment, seed=3)
-    state.weights = torch.tensor([0.4, 0.8, 1.2, 1.6], dtype=D)  # target 0.1, 0.2, 0.3, 0.4
-    target = state.probabilities(Args())
+    state.weights = torch.tensor([0.4, 0.8, 1.2, 1.6], dtype=D)
+    target = torch.tensor([0.1, 0.2, 0.3, 0.4])  # weights / 4 (floor 0, `weighted`)
     counts = torch.zeros(4)
     for _ in range(100):
         rows = state.draw_rows(100, Args())
@@ -155,8 +170,20 @@ def test_regroup_children_inherit_parent_statistics_and_weight():
     state.weights = torch.tensor([1.5, 0.5], dtype=D)
     state.regroup(["a/lo", "b", "a/hi"], torch.tensor([0, 2, 1, 1]), "split a")  # split a into rows 0 | 1
     assert_close(state.ema["reward"], torch.tensor([1.0, 0.0, 1.0], dtype=D))
-    assert_close(state.weights, torch.tensor([1.5, 0.5, 1.5], dtype=D))
+    # weights 1.5, 0.5, 1.5 rescaled to mean 1: x 3/3.5
+    assert_close(state.weights, torch.tensor([1.5, 0.5, 1.5], dtype=D) * 3 / 3.5)
+    # a had seen 1 prompt over its 2 rows: each child took half; b keeps its 1
+    assert_close(state.prompts_seen, torch.tensor([0.5, 1.0, 0.5], dtype=D))
+    assert state.observed.tolist() == [False, True, False]  # children wait for a batch before any merge
     assert state.events == ["split a"]
+
+
+def test_split_children_start_from_their_own_success_rates():
+    # group a: rows 0-3 succeeded (1), rows 4-7 failed (0): its EMA reward is 0.5; the children start at 1 and 0
+    state = PolicyGroupState(["a"], torch.zeros(8, dtype=torch.long), seed=0)
+    state.observe(torch.arange(8), torch.tensor([1.0] * 8 + [0.0] * 8), torch.ones(16), 2, 0.0)
+    state.regroup(["a/lo", "a/hi"], torch.tensor([1, 1, 1, 1, 0, 0, 0, 0]), "split a")
+    assert_close(state.ema["reward"], torch.tensor([0.0, 1.0], dtype=D))
 
 
 def _grouped_dataset(n=48):
@@ -196,11 +223,9 @@ def test_end_to_end_logs_every_group(tiny_model_dir, tmp_path, overrides):
     weights = [value for key, value in last.items() if key.startswith("policy_groups/") and key.endswith("/weight")]
     assert len(weights) == 5  # addition, multiplication, two-step, three-step, four-step
     assert math.isclose(sum(weights) / 5, 1.0, rel_tol=1e-9) and all(0.2 <= w <= 5 for w in weights)
-    if "policy_groups/multiplication/reward" in last:
-        assert (
-            last["policy_groups/multiplication/reward"] == 1.0
-            and last["policy_groups/multiplication/zero_std_frac"] == 1
-        )
+    rewards = {k: v for k, v in last.items() if k.startswith("policy_groups/") and k.endswith("/reward")}
+    assert len(rewards) >= 2 and all(0.0 <= v <= 1.0 for v in rewards.values())  # task_reward is 0 or 1
+    assert all(0.0 <= v <= 1.0 for k, v in last.items() if k.endswith("/zero_std_frac"))
     assert 0.0 < last["policy_groups/addition/entropy"] <= math.log(512) + 1e-6  # nats per token, vocabulary 512
 
 
@@ -217,8 +242,16 @@ def test_callable_assignment_and_small_groups_merge(tiny_model_dir, tmp_path, ca
         model=tiny_model_dir, reward_funcs=[task_reward], args=args, train_dataset=dataset,
         policy_group_fn=lambda row: "first" if row["policy_group_row"] < 3 else "rest",
     )  # fmt: skip
-    assert trainer.policy_groups.num_groups == 1 and trainer.policy_groups.events  # "first" had 3 < 10 prompts
-    assert "first" in trainer.policy_groups.events[0]
+    # "first" has 3 < 10 prompts, but merging it would leave fewer than min_policy_groups=2 groups: it stays
+    assert trainer.policy_groups.names == ["first", "rest"] and not trainer.policy_groups.events
+    args = GRPOConfig(
+        **small_grpo_kwargs(tmp_path), policy_group_min_size=10, min_policy_groups=1, num_policy_groups=1
+    )
+    trainer = GRPOTrainer(
+        model=tiny_model_dir, reward_funcs=[task_reward], args=args, train_dataset=dataset,
+        policy_group_fn=lambda row: "first" if row["policy_group_row"] < 3 else "rest",
+    )  # fmt: skip
+    assert trainer.policy_groups.names == ["rest+first"] and "'first' (3 prompts)" in trainer.policy_groups.events[0]
 
 
 @pytest.mark.parametrize(
@@ -230,6 +263,7 @@ def test_callable_assignment_and_small_groups_merge(tiny_model_dir, tmp_path, ca
         ("num_policy_groups", 20, r"num_policy_groups \(20\) <= max_policy_groups \(8\)"),
         ("policy_group_update_steps", 0, "policy_group_update_steps must be >= 1, got 0"),
         ("advantage_baseline", "batch", "advantage_baseline must be one of"),
+        ("policy_group_refine_parts", 1, "policy_group_refine_parts must be >= 2, got 1"),
     ],
 )
 def test_config_values_out_of_range_are_named(field, value, message, tmp_path):
@@ -256,10 +290,11 @@ def test_grouped_run_resumes_exactly(tmp_path, tiny_model_dir):
     assert check_resume(GROUPED, tmp_path, tiny_model_dir) == 0.0
 
 
-def test_two_processes_hold_identical_weights_and_resume(tmp_path, tiny_model_dir):
+def test_two_processes_hold_identical_weights_and_see_different_prompts(tmp_path, tiny_model_dir):
     from tests.resume_check import launch_phase
 
     records = launch_phase({**GROUPED, "per_device_train_batch_size": 6}, tiny_model_dir, str(tmp_path / "r"), 2)
+    assert records[0]["prompts"] != records[1]["prompts"]  # each rank takes its own slice of the global draw
     keys = [k for k in records[0]["logs"][-2] if k.startswith("policy_groups/")]
     assert keys and all(row0.get(k) == row1.get(k) for row0, row1 in zip(records[0]["logs"], records[1]["logs"],
                                                                          strict=True) for k in keys)  # fmt: skip
@@ -324,6 +359,7 @@ def test_regroup_merges_groups_with_the_same_statistics(tiny_model_dir, tmp_path
     state.ema["reward_std"] = torch.tensor([0.3, 0.4, 0.1, 0.41, 0.3], dtype=D)
     for stat in ("reward", "reward_std"):
         state.has_ema[stat][:] = True
+    state.observed[:] = True
     trainer._maybe_regroup(step=1)
     # four-step and three-step differ by 0.02 and 0.01 (< 0.05); addition and two-step by 0.1: only one merge
     assert state.names == ["addition", "four-step+three-step", "multiplication", "two-step"]
@@ -364,3 +400,112 @@ def test_config_docstring_and_help_describe_the_same_fields():
     for f in ours:
         assert f"        {f.name} (`" in GRPOConfig.__doc__, f"{f.name} is missing from the docstring"
         assert f.metadata.get("help"), f"{f.name} has no help text"
+
+
+def test_two_processes_grouped_run_resumes_exactly(tmp_path, tiny_model_dir):
+    assert (
+        check_resume({**GROUPED, "per_device_train_batch_size": 6}, tmp_path, tiny_model_dir, num_processes=2) == 0.0
+    )
+
+
+class _OneOfTwoProcesses:
+    """Stands for the accelerator of process 1 of 2 (the rows given are already the gathered, global ones)."""
+
+    process_index, num_processes = 1, 2
+
+    @staticmethod
+    def gather(tensor):
+        return torch.cat([tensor, tensor])
+
+
+def _apply_as_process_one(trainer, rewards, rows):
+    trainer._policy_group_batch = (rewards, rows)
+    output = {"advantages": torch.zeros(2), "completion_mask": torch.ones(2, 3)}
+    trainer.accelerator, accelerator = _OneOfTwoProcesses(), trainer.accelerator
+    try:
+        trainer._apply_policy_groups(output)
+    finally:
+        trainer.accelerator = accelerator
+    return output
+
+
+def test_advantages_get_the_policy_group_baseline_and_weights_for_this_process(tiny_model_dir, tmp_path):
+    trainer = _trainer(tiny_model_dir, tmp_path, advantage_baseline="policy_group", policy_group_update_steps=100)
+    trainer.scale_rewards = "none"
+    state = trainer.policy_groups  # groups: addition, four-step, multiplication, three-step, two-step
+    first_row = {name: int((state.assignment == i).nonzero()[0]) for i, name in enumerate(state.names)}
+    state.weights = torch.tensor([2.0, 1.0, 0.5, 1.0, 0.5], dtype=D)
+    # 2 prompts x 2 generations over 2 processes; process 1 holds completions 2-3.
+    # multiplication (rewards 1, 1) then addition (1, 0): baseline -> 0, 0, 0.5, -0.5; loss weights 0.5, 0.5, 2, 2
+    # -> mean 1.25 -> 0.4, 0.4, 1.6, 1.6; process 1: (0.5, -0.5) x 1.6 = 0.8, -0.8
+    rows = torch.tensor([first_row["multiplication"]] * 2 + [first_row["addition"]] * 2)
+    output = _apply_as_process_one(trainer, torch.tensor([[1.0], [1.0], [1.0], [0.0]]), rows)
+    assert_close(output["advantages"], torch.tensor([0.8, -0.8]))
+    assert output["policy_group_ids"].tolist() == [0, 0]  # addition
+
+
+def test_loss_weighting_alone_scales_trls_advantages(tiny_model_dir, tmp_path):
+    trainer = _trainer(tiny_model_dir, tmp_path, policy_group_update_steps=100)
+    state = trainer.policy_groups
+    first_row = {name: int((state.assignment == i).nonzero()[0]) for i, name in enumerate(state.names)}
+    state.weights = torch.tensor([2.0, 1.0, 0.5, 1.0, 0.5], dtype=D)
+    rows = torch.tensor([first_row["multiplication"]] * 2 + [first_row["addition"]] * 2)
+    trainer._policy_group_batch = (torch.tensor([[1.0], [1.0], [1.0], [0.0]]), rows)
+    output = {"advantages": torch.tensor([0.3, -0.3]), "completion_mask": torch.ones(2, 3)}
+    trainer.accelerator, accelerator = _OneOfTwoProcesses(), trainer.accelerator
+    try:
+        trainer._apply_policy_groups(output)
+    finally:
+        trainer.accelerator = accelerator
+    assert_close(output["advantages"], torch.tensor([0.3 * 1.6, -0.3 * 1.6]))  # TRL's own advantages x weight
+
+
+def test_refine_then_regroup_does_not_merge_the_children_back(tiny_model_dir, tmp_path):
+    trainer = _trainer(tiny_model_dir, tmp_path, policy_group_refine_step=2, policy_group_regroup_steps=2,
+                       max_policy_groups=8)  # fmt: skip
+    state = trainer.policy_groups
+    state.ema["reward"] = torch.tensor([0.1, 0.3, 0.5, 0.7, 0.9], dtype=D)
+    state.ema["reward_std"] = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.45], dtype=D)
+    for stat in ("reward", "reward_std"):
+        state.has_ema[stat][:] = True
+    state.observed[:] = True
+    trainer._maybe_regroup(step=2)
+    trainer._maybe_regroup(step=4)
+    assert state.num_groups == 8 and len(state.events) == 1  # refined; no child merged back before being observed
+
+
+def test_evaluation_after_a_refine_maps_column_values_to_the_new_groups(tiny_model_dir, tmp_path):
+    trainer = _trainer(tiny_model_dir, tmp_path, policy_group_refine_step=1, max_policy_groups=6)
+    trainer.train()
+    assert any("/" in name for name in trainer.policy_groups.names)
+    metrics = trainer.evaluate(eval_dataset=Dataset.from_list(to_grpo_rows(synthetic_gsm8k(8, seed=9))))
+    assert [k for k in metrics if k.startswith("eval_policy_groups/")]
+    assert "eval_policy_groups/unassigned/reward" not in metrics
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"policy_group_sampling": "uncertainty"}, "policy_group_sampling='uncertainty' needs policy groups"),
+        ({"advantage_baseline": "policy_group"}, "advantage_baseline='policy_group' needs policy groups"),
+    ],
+)
+def test_grouping_settings_without_groups_are_an_error(tiny_model_dir, tmp_path, overrides, message):
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path), **overrides)
+    with pytest.raises(ValueError, match=message):
+        GRPOTrainer(model=tiny_model_dir, reward_funcs=[task_reward], args=args, train_dataset=_grouped_dataset())
+
+
+def test_callable_groups_need_the_unused_columns(tiny_model_dir, tmp_path):
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path), remove_unused_columns=True)
+    with pytest.raises(ValueError, match="remove_unused_columns=False"):
+        GRPOTrainer(model=tiny_model_dir, reward_funcs=[task_reward], args=args, train_dataset=_grouped_dataset(),
+                    policy_group_fn=lambda row: row["task"])  # fmt: skip
+
+
+def test_column_with_missing_values_is_an_error(tiny_model_dir, tmp_path):
+    rows = to_grpo_rows(synthetic_gsm8k(8))
+    rows[3]["task"] = None
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path), policy_group_column="task")
+    with pytest.raises(ValueError, match="is None in row 3"):
+        GRPOTrainer(model=tiny_model_dir, reward_funcs=[task_reward], args=args, train_dataset=Dataset.from_list(rows))

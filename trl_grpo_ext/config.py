@@ -195,6 +195,13 @@ class GRPOConfig(TRLGRPOConfig):
         for name, value in at_least_one.items():
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.policy_group_refine_parts < 2:
+            raise ValueError(f"policy_group_refine_parts must be >= 2, got {self.policy_group_refine_parts}")
+        if self.advantage_baseline == "policy_group" and self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(
+                "advantage_baseline='policy_group' works on the weighted sum of rewards: it needs "
+                f"multi_objective_aggregation='sum_then_normalize', got {self.multi_objective_aggregation!r}"
+            )
         if not self.min_policy_groups <= self.num_policy_groups <= self.max_policy_groups:
             raise ValueError(
                 f"need min_policy_groups ({self.min_policy_groups}) <= num_policy_groups ({self.num_policy_groups}) "

@@ -38,14 +38,19 @@ def assign_from_column(dataset: Dataset, column: str) -> tuple[list[str], np.nda
     """One policy group per distinct (stringified) value of `column`; names sorted, so the result is deterministic.
 
     Raises:
-        ValueError: `column` is not a column of `dataset`; the message lists the dataset's columns.
+        ValueError: `column` is not a column of `dataset` (the message lists the dataset's columns), or a row has no
+            value (None) in it (the message names the row).
     """
     if column not in dataset.column_names:
         raise ValueError(
             f"policy_group_column={column!r} is not a column of the training dataset; "
             f"its columns are {dataset.column_names}"
         )
-    return _names_and_assignment([str(value) for value in dataset[column]])
+    values = dataset[column]
+    missing = next((i for i, value in enumerate(values) if value is None), None)
+    if missing is not None:
+        raise ValueError(f"policy_group_column={column!r} is None in row {missing}: every prompt needs a group")
+    return _names_and_assignment([str(value) for value in values])
 
 
 def assign_from_callable(dataset: Dataset, fn: Callable[[dict], str]) -> tuple[list[str], np.ndarray]:
@@ -283,14 +288,14 @@ def apply_split(
 
 
 def merge_small_groups(
-    names: list[str], assignment: np.ndarray, min_size: int, features=None
+    names: list[str], assignment: np.ndarray, min_size: int, features=None, min_groups: int = 1
 ) -> tuple[list[str], np.ndarray, list[str]]:
     """Merge every policy group with fewer than `min_size` rows into its nearest group, smallest first.
 
     Nearest: with `features` (dense or sparse, N rows), the group whose feature centroid (mean row) is closest in
     Euclidean distance to the small group's centroid; without, the smallest other group (ties: lower id). After
     each merge sizes and centroids are recomputed; the merged group is named "<target>+<small>" and takes the lower
-    of the two ids. Stops when no group is small or one group is left.
+    of the two ids. Stops when no group is small or `min_groups` groups are left (small ones may then remain).
 
     Returns:
         (names, assignment, merges): merges are reasons, e.g. "merged 'x' (3 prompts) into 'y': fewer than
@@ -298,7 +303,7 @@ def merge_small_groups(
     """
     assignment = _check(names, assignment, features)
     merges = []
-    while len(names) > 1:
+    while len(names) > max(min_groups, 1):
         sizes = np.bincount(assignment, minlength=len(names))
         small = [g for g in np.argsort(sizes, kind="stable").tolist() if sizes[g] < min_size]
         if not small:

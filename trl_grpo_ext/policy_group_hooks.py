@@ -30,6 +30,30 @@ def with_row_column(dataset):
     return dataset.add_column(ROW_COLUMN, list(range(len(dataset))))
 
 
+def check_policy_group_setup(args, grouping: bool) -> None:
+    """Settings that need policy groups, without them (or the reverse), as a `ValueError` naming the fields.
+
+    Raises:
+        ValueError: grouping with `remove_unused_columns=True` (the row column would be dropped), or a grouping
+            setting changed from its default while no group source (column, features or `policy_group_fn`) is set.
+    """
+    if grouping and args.remove_unused_columns:
+        raise ValueError("policy grouping needs remove_unused_columns=False (got True): rows carry their group")
+    if grouping:
+        return
+    changed = {
+        "policy_group_sampling": args.policy_group_sampling != "uniform",
+        "advantage_baseline": args.advantage_baseline != "prompt",
+        "policy_group_refine_step": args.policy_group_refine_step is not None,
+        "policy_group_regroup_steps": args.policy_group_regroup_steps is not None,
+    }
+    if any(changed.values()):
+        fields = ", ".join(f"{name}={getattr(args, name)!r}" for name, on in changed.items() if on)
+        raise ValueError(
+            f"{fields} needs policy groups: set policy_group_column or policy_group_features, or pass policy_group_fn"
+        )
+
+
 class PolicyGroupHooks:
     """TRL hook overrides for dynamic policy grouping. They act only when `self.policy_groups` (set by the trainer's
     `__init__`) is a `PolicyGroupState`; otherwise every override is a plain call to TRL's method."""
@@ -50,10 +74,11 @@ class PolicyGroupHooks:
             features = self._policy_group_features(args.policy_group_features)
             names, assignment = grouping.kmeans_groups(features, args.num_policy_groups, args.seed)
         names, assignment, merges = grouping.merge_small_groups(
-            names, assignment, args.policy_group_min_size, features
+            names, assignment, args.policy_group_min_size, features, args.min_policy_groups
         )
         for reason in merges:
             logger.warning("Policy groups: %s", reason)
+        self._policy_group_keys = [self._policy_group_key(row) for row in dataset] if features is None else []
         state = PolicyGroupState(names, torch.as_tensor(assignment), args.seed)
         state.events.extend(merges)
         logger.info("Policy groups: %s", dict(zip(names, torch.bincount(state.assignment).tolist(), strict=True)))
@@ -85,18 +110,39 @@ class PolicyGroupHooks:
     def _log_eval_policy_groups(self, inputs: list[dict], rewards_per_func: torch.Tensor) -> None:
         """Mean evaluation reward per policy group; a prompt whose group the training run does not know (or that
         k-means grouping cannot place) is reported under `unassigned`."""
-        known = set(self.policy_groups.names)
-        if self.policy_group_fn is not None:
-            names = [self.policy_group_fn(row) for row in inputs]
-        elif self.args.policy_group_column is not None:
-            names = [row.get(self.args.policy_group_column) for row in inputs]
-        else:
-            names = [None] * len(inputs)
-        names = gather_object([str(name) if str(name) in known else "unassigned" for name in names])
+        keys = [self._policy_group_key(row) for row in inputs]
+        current = self._group_of_key()
+        names = gather_object([current.get(key, "unassigned") for key in keys])
         rewards = self._total_rewards(rewards_per_func)
         for name in sorted(set(names)):
             values = rewards[torch.tensor([n == name for n in names])]
             self._metrics["eval"][f"policy_groups/{name}/reward"].append(torch.nanmean(values).item())
+
+    def _policy_group_key(self, row: dict) -> str | None:
+        """The key that placed a row in its group at the start (column value, or `policy_group_fn`'s name); None
+        for k-means groups or a row the function cannot name."""
+        if self.policy_group_fn is not None:
+            try:
+                return str(self.policy_group_fn(row))
+            except Exception:  # an evaluation row may lack what the function reads: it is reported as unassigned
+                return None
+        if self.args.policy_group_column is not None and row.get(self.args.policy_group_column) is not None:
+            return str(row[self.args.policy_group_column])
+        return None
+
+    def _group_of_key(self) -> dict[str, str]:
+        """Key -> name of the current group holding most training rows with that key (groups get split, merged
+        and renamed during training; keys stay)."""
+        keys = self._policy_group_keys
+        if not keys:  # k-means groups have no key
+            return {}
+        ids = self.policy_groups.assignment.tolist()
+        votes: dict[str, dict[int, int]] = {}
+        for key, group in zip(keys, ids, strict=True):
+            if key is not None:
+                votes.setdefault(key, {}).setdefault(group, 0)
+                votes[key][group] += 1
+        return {key: self.policy_groups.names[max(count, key=count.get)] for key, count in votes.items()}
 
     def _generate_and_score_completions(self, inputs):
         grouping_on = self.policy_groups is not None and self.model.training
@@ -153,7 +199,8 @@ class PolicyGroupHooks:
         if args.policy_group_regroup_steps is None or step - state.last_regroup_step < args.policy_group_regroup_steps:
             return
         state.last_regroup_step = step
-        seen = state.has_ema["reward"]
+        # a group made by a split or refinement is not merged back before batches have been observed for it
+        seen = state.has_ema["reward"] & state.observed
         merge = grouping.plan_merge(
             state.names, torch.where(seen, state.ema["reward"], torch.nan).numpy(),
             torch.where(seen, state.ema["reward_std"], torch.nan).numpy(), args.policy_group_merge_tol,

@@ -44,6 +44,7 @@ class PolicyGroupState:
         self.prompts_seen = torch.zeros(k, dtype=torch.float64)
         self.window_reward = torch.full((k,), float("nan"), dtype=torch.float64)
         self.queues = [torch.empty(0, dtype=torch.long) for _ in range(k)]
+        self.observed = torch.zeros(k, dtype=torch.bool)  # seen in a batch since it was made
 
     @property
     def num_groups(self) -> int:
@@ -82,6 +83,7 @@ class PolicyGroupState:
         for name, (means, counts) in batch.items():
             self._fold(name, means, counts > 0, decay)
         self.prompts_seen += torch.bincount(ids, minlength=k).double()
+        self.observed |= torch.bincount(ids, minlength=k) > 0
         self.num_generations = num_generations
         known = ~torch.isnan(per_prompt["mean"])
         old = self.prompt_success[rows[known]]
@@ -147,15 +149,21 @@ class PolicyGroupState:
     # ----- regrouping -----------------------------------------------------------------------------------------
 
     def regroup(self, names: list[str], assignment: torch.Tensor, reason: str) -> None:
-        """Replace the partition; each new group inherits the statistics and weight of the old groups its prompts
-        came from (averaged, by prompts seen, over several), so a split's children start as their parent."""
+        """Replace the partition. Each new group inherits the statistics and weight of the old
+        groups its prompts came from (averaged by prompts seen), its prompts-seen count in proportion to the rows it
+        took, and, when it holds only part of a parent (a split child), a reward seeded from its own prompts'
+        success rates. Weights are rescaled to mean 1. A new group counts as unobserved until a batch holds it, so it
+        is not merged straight back (see the trainer's regroup)."""
         assignment = torch.as_tensor(assignment, dtype=torch.long)
         old_ids, old_ema, old_has = self.assignment, self.ema, self.has_ema
         old_seen, old_weights, old_window = self.prompts_seen, self.weights, self.window_reward
+        old_sizes = torch.bincount(old_ids, minlength=len(old_seen)).double()
+        old_observed = dict(zip(self.names, self.observed.tolist(), strict=True))
         self._set_groups(names, assignment)
         weights = torch.ones(self.num_groups, dtype=torch.float64)
         for new in range(self.num_groups):
-            parents = torch.unique(old_ids[assignment == new])
+            members = assignment == new
+            parents, taken = torch.unique(old_ids[members], return_counts=True)
             share = old_seen[parents] + 1e-9
             share = share / share.sum()
             for stat in STATS:
@@ -163,12 +171,17 @@ class PolicyGroupState:
                 if has.any():
                     self.ema[stat][new] = (old_ema[stat][parents][has] * share[has]).sum() / share[has].sum()
                     self.has_ema[stat][new] = True
-            self.prompts_seen[new] = old_seen[parents].sum() / max(len(parents), 1)
+            self.prompts_seen[new] = (old_seen[parents] * taken / old_sizes[parents]).sum()
             weights[new] = (old_weights[parents] * share).sum()
             window = old_window[parents]
             if not torch.isnan(window).all():
                 self.window_reward[new] = window[~torch.isnan(window)].mean()
-        self.weights = weights
+            own = self.prompt_success[members]
+            if bool((taken < old_sizes[parents]).any()) and (~torch.isnan(own)).any():
+                self.ema["reward"][new] = own[~torch.isnan(own)].mean()
+                self.ema["success"][new] = self.ema["reward"][new]
+        self.weights = weights * self.available.sum() / weights[self.available].sum()
+        self.observed = torch.tensor([old_observed.get(name, False) for name in names], dtype=torch.bool)
         self.events.append(reason)
 
     # ----- checkpoints and logging ----------------------------------------------------------------------------

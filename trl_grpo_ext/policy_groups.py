@@ -95,25 +95,27 @@ def group_uncertainty(success_rate, reward_std, binary: bool, completions_seen=N
 
 
 def sampling_probabilities(weights, uncertainty, floor: float, available) -> torch.Tensor:
-    """Probability (K,) of drawing each policy group: ∝ weights × uncertainty (pass ones for `weighted`), at least
-    `floor / K_available` for every group that has prompts, 0 for one that has none; sums to 1."""
+    """Probability (K,) of drawing each policy group: the mixture (1 − floor)·q + floor/K_a over the K_a groups that
+    have prompts, q ∝ weights × uncertainty (pass ones for `weighted`); so every such group gets at least
+    floor / K_a, a group without prompts 0, and the probabilities sum to 1."""
     k = int(available.sum())
     score = torch.where(available, (weights * uncertainty).clamp(min=0), torch.zeros_like(weights))
-    p = score / score.sum() if score.sum() > 0 else available.double() / k
-    p = torch.where(available, p.clamp(min=floor / k), p)
-    return p / p.sum()
+    q = score / score.sum() if score.sum() > 0 else available.double() / k
+    return torch.where(available, (1 - floor) * q + floor / k, torch.zeros_like(q))
 
 
 def policy_group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, num_groups: int, scale: str):
-    """Advantages (N,) against the policy group's batch mean: (r − mean_G r) / (std + 1e-4) with the std over the
-    same policy group (`scale="group"`), over the batch (`"batch"`), or none (`"none"`). NaN rewards give 0."""
+    """Advantages (N,) against the policy group's batch mean: (r − mean_G r) / (std + 1e-4) with the reward std over
+    the same policy group (`scale="group"`), the reward std over the whole batch as TRL's `scale_rewards="batch"`
+    (`"batch"`), or none (`"none"`). NaN rewards give 0."""
     mean, counts = group_means(rewards, group_ids, num_groups)
     centred = rewards.double() - mean[group_ids]
     if scale == "group":
         var, _ = group_means(centred**2, group_ids, num_groups)
         std = (var * counts / (counts - 1).clamp(min=1)).sqrt()[group_ids]
     elif scale == "batch":
-        std = centred[~torch.isnan(centred)].std() if (~torch.isnan(centred)).sum() > 1 else torch.tensor(0.0)
+        valid = rewards[~torch.isnan(rewards)].double()
+        std = valid.std() if len(valid) > 1 else torch.tensor(0.0, dtype=torch.float64)
     else:
         std = None
     advantages = centred if std is None else centred / (std + EPS)

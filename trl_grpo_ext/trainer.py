@@ -10,7 +10,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer as TRLGRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
 from .config import GRPOConfig, TRLGRPOConfig, policy_grouping_requested
-from .policy_group_hooks import PolicyGroupHooks, with_row_column
+from .policy_group_hooks import PolicyGroupHooks, check_policy_group_setup, with_row_column
 from .resume import (
     EpochSeededSampler,
     checkpoint_problem,
@@ -99,6 +99,7 @@ class GRPOTrainer(PolicyGroupHooks, TRLGRPOTrainer):
         elif not isinstance(args, GRPOConfig):
             args = GRPOConfig.add_defaults(args)
         grouping = policy_grouping_requested(args) or policy_group_fn is not None
+        check_policy_group_setup(args, grouping)
         if grouping:
             train_dataset = with_row_column(train_dataset)
         super().__init__(model, reward_funcs, args, train_dataset, *more, **kwargs)
