@@ -418,9 +418,9 @@ class _OneOfTwoProcesses:
         return torch.cat([tensor, tensor])
 
 
-def _apply_as_process_one(trainer, rewards, rows):
+def _apply_as_process_one(trainer, rewards, rows, advantages=None):
     trainer._policy_group_batch = (rewards, rows)
-    output = {"advantages": torch.zeros(2), "completion_mask": torch.ones(2, 3)}
+    output = {"advantages": torch.zeros(2) if advantages is None else advantages, "completion_mask": torch.ones(2, 3)}
     trainer.accelerator, accelerator = _OneOfTwoProcesses(), trainer.accelerator
     try:
         trainer._apply_policy_groups(output)
@@ -450,13 +450,8 @@ def test_loss_weighting_alone_scales_trls_advantages(tiny_model_dir, tmp_path):
     first_row = {name: int((state.assignment == i).nonzero()[0]) for i, name in enumerate(state.names)}
     state.weights = torch.tensor([2.0, 1.0, 0.5, 1.0, 0.5], dtype=D)
     rows = torch.tensor([first_row["multiplication"]] * 2 + [first_row["addition"]] * 2)
-    trainer._policy_group_batch = (torch.tensor([[1.0], [1.0], [1.0], [0.0]]), rows)
-    output = {"advantages": torch.tensor([0.3, -0.3]), "completion_mask": torch.ones(2, 3)}
-    trainer.accelerator, accelerator = _OneOfTwoProcesses(), trainer.accelerator
-    try:
-        trainer._apply_policy_groups(output)
-    finally:
-        trainer.accelerator = accelerator
+    rewards = torch.tensor([[1.0], [1.0], [1.0], [0.0]])
+    output = _apply_as_process_one(trainer, rewards, rows, advantages=torch.tensor([0.3, -0.3]))
     assert_close(output["advantages"], torch.tensor([0.3 * 1.6, -0.3 * 1.6]))  # TRL's own advantages x weight
 
 
