@@ -352,14 +352,18 @@ def test_refine_step_splits_groups_into_sub_clusters(tiny_model_dir, tmp_path):
     assert sum("/" in name for name in trainer.policy_groups.names) == 4  # two groups split in two
 
 
-def test_regroup_merges_groups_with_the_same_statistics(tiny_model_dir, tmp_path):
-    trainer = _trainer(tiny_model_dir, tmp_path, policy_group_regroup_steps=1, policy_group_merge_tol=0.05)
-    state = trainer.policy_groups  # addition, four-step, multiplication, three-step, two-step (sorted)
-    state.ema["reward"] = torch.tensor([0.1, 0.5, 0.9, 0.52, 0.2], dtype=D)
-    state.ema["reward_std"] = torch.tensor([0.3, 0.4, 0.1, 0.41, 0.3], dtype=D)
+def _set_observed_statistics(state, reward: list[float], reward_std: list[float]) -> None:
+    """Constructed EMA reward and reward std for every group, as if every group had been observed."""
+    state.ema["reward"], state.ema["reward_std"] = torch.tensor(reward, dtype=D), torch.tensor(reward_std, dtype=D)
     for stat in ("reward", "reward_std"):
         state.has_ema[stat][:] = True
     state.observed[:] = True
+
+
+def test_regroup_merges_groups_with_the_same_statistics(tiny_model_dir, tmp_path):
+    trainer = _trainer(tiny_model_dir, tmp_path, policy_group_regroup_steps=1, policy_group_merge_tol=0.05)
+    state = trainer.policy_groups  # addition, four-step, multiplication, three-step, two-step (sorted)
+    _set_observed_statistics(state, [0.1, 0.5, 0.9, 0.52, 0.2], [0.3, 0.4, 0.1, 0.41, 0.3])
     trainer._maybe_regroup(step=1)
     # four-step and three-step differ by 0.02 and 0.01 (< 0.05); addition and two-step by 0.1: only one merge
     assert state.names == ["addition", "four-step+three-step", "multiplication", "two-step"]
@@ -459,11 +463,7 @@ def test_refine_then_regroup_does_not_merge_the_children_back(tiny_model_dir, tm
     trainer = _trainer(tiny_model_dir, tmp_path, policy_group_refine_step=2, policy_group_regroup_steps=2,
                        max_policy_groups=8)  # fmt: skip
     state = trainer.policy_groups
-    state.ema["reward"] = torch.tensor([0.1, 0.3, 0.5, 0.7, 0.9], dtype=D)
-    state.ema["reward_std"] = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.45], dtype=D)
-    for stat in ("reward", "reward_std"):
-        state.has_ema[stat][:] = True
-    state.observed[:] = True
+    _set_observed_statistics(state, [0.1, 0.3, 0.5, 0.7, 0.9], [0.1, 0.2, 0.3, 0.4, 0.45])
     trainer._maybe_regroup(step=2)
     trainer._maybe_regroup(step=4)
     assert state.num_groups == 8 and len(state.events) == 1  # refined; no child merged back before being observed
