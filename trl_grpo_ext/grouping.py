@@ -6,11 +6,10 @@ A *policy group* is a set of prompts sharing a task, data source, difficulty or 
 Representation everywhere: `names: list[str]` (index = group id) and `assignment: np.ndarray` of int64, shape (N,),
 the group id (0..K-1) of each dataset row. Functions return a new `(names, assignment)` and never mutate inputs.
 
-Carrying per-group statistic arrays (shape (K,)) across a regroup is the caller's job:
-- after `apply_merge(names, assignment, i, j)`: `new = remap_after_merge(K, i, j)` maps old id -> new id; combine
-  with a count-weighted mean, `np.bincount(new, counts * stat) / np.bincount(new, counts)`, or keep `stat[new_i]`;
-- after `apply_split(names, assignment, g, high_ids)`: the two children inherit the parent's statistics,
-  `stat = stat[parents_after_split(K, g)]` (new id -> old id).
+Carrying per-group statistic arrays (shape (K,)) across a regroup is the caller's job. The trainer's
+`PolicyGroupState.regroup` derives each new group's parents from the old and new assignments, which covers merges,
+splits and refinements alike; `remap_after_merge` and `parents_after_split` give the same maps for one merge or one
+split, for callers that keep their own arrays.
 """
 
 from collections.abc import Callable
