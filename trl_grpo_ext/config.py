@@ -9,6 +9,8 @@ POLICY_GROUP_FEATURES = ("tfidf", "embedding")
 POLICY_GROUP_WEIGHT_RULES = ("progress", "deficit")
 POLICY_GROUP_SAMPLING = ("uniform", "weighted", "uncertainty")
 ADVANTAGE_BASELINES = ("prompt", "policy_group")
+ENTROPY_REG_MODES = ("target", "clip_cov", "kl_cov", "advantage")
+GRAD_REG_MODES = ("zclip", "agc", "skip_nonfinite")
 
 
 def policy_grouping_requested(args) -> bool:
@@ -86,6 +88,63 @@ class GRPOConfig(TRLGRPOConfig):
         policy_group_split_gap (`float`, *optional*, defaults to `0.6`):
             Smallest gap between the two 2-means centres of per-prompt success rates that counts as bimodal (success
             rates spread evenly over [0, 1] give a gap of 0.5, so keep it above that).
+
+        > Parameters that control entropy regularization
+
+        Built on TRL's entropy fields (`entropy_target`, `entropy_coef_min`, `entropy_coef_max`), off unless
+        `entropy_reg` names a mode. Entropy is that of the full next-token distribution, in nats.
+
+        entropy_reg (`list[str]`, *optional*, defaults to `[]`):
+            Any of `target` (a PI controller holds the mean token entropy at `entropy_target` by setting the
+            entropy-bonus coefficient each optimizer step, within [`entropy_coef_min`, `entropy_coef_max`]),
+            `clip_cov` or `kl_cov` (covariance-based, Cui et al. 2025, arXiv:2505.22617, Sec. 4; one of the two),
+            `advantage` (A_i ← A_i + τ·H_i, H_i the completion's mean token entropy, detached). A string may list
+            several, comma-separated. Needs TRL's `entropy_coef=0` and `use_adaptive_entropy=False`.
+        entropy_target_per_group (`bool`, *optional*, defaults to `False`):
+            With `target` and policy groups: one controller and coefficient per policy group, each holding its own
+            group's entropy at `entropy_target`.
+        entropy_pi_kp (`float`, *optional*, defaults to `0.02`):
+            Proportional gain of the `target` controller, in coefficient per nat of entropy error.
+        entropy_pi_ki (`float`, *optional*, defaults to `0.005`):
+            Integral gain of the `target` controller, in coefficient per nat per optimizer step.
+        clip_cov_ratio (`float`, *optional*, defaults to `0.0002`):
+            Clip-Cov: fraction of completion tokens whose gradient is detached (reference implementation's value).
+        clip_cov_lb (`float`, *optional*, defaults to `1.0`):
+            Clip-Cov: lower bound ω_low of the covariance range tokens are drawn from.
+        clip_cov_ub (`float`, *optional*, defaults to `5.0`):
+            Clip-Cov: upper bound ω_high of the covariance range tokens are drawn from.
+        kl_cov_ratio (`float`, *optional*, defaults to `0.002`):
+            KL-Cov: fraction of completion tokens, the top ones by covariance, that get the penalty.
+        kl_cov_coef (`float`, *optional*, defaults to `1.0`):
+            KL-Cov: coefficient β of the penalty β·|log π − log π_old| on those tokens.
+        entropy_advantage_coef (`float`, *optional*, defaults to `0.05`):
+            τ of the `advantage` mode, in advantage units per nat.
+
+        > Parameters that control adaptive gradient regularization
+
+        grad_reg (`list[str]`, *optional*, defaults to `[]`):
+            Any of `zclip` (z-score clipping of the total gradient norm, Kumar et al. 2025, arXiv:2504.02507), `agc`
+            (unit-wise adaptive gradient clipping, Brock et al. 2021, arXiv:2102.06171) and `skip_nonfinite`. Any
+            entry turns on the non-finite guard: an optimizer step whose gradient norm is NaN or Inf is skipped.
+            Applied where the Trainer clips gradients; needs `max_grad_norm > 0`, which stays the upper bound.
+        zclip_alpha (`float`, *optional*, defaults to `0.97`):
+            Decay of ZClip's moving mean and variance of the gradient norm.
+        zclip_z_threshold (`float`, *optional*, defaults to `2.5`):
+            z-score above which ZClip clips.
+        zclip_warmup_steps (`int`, *optional*, defaults to `25`):
+            Optimizer steps whose norms start ZClip's statistics; only `max_grad_norm` clips during them.
+        agc_clip (`float`, *optional*, defaults to `0.01`):
+            AGC's λ: a unit's gradient norm is kept at most λ·max(‖W_unit‖, `agc_eps`).
+        agc_eps (`float`, *optional*, defaults to `0.001`):
+            AGC's ε, the smallest weight norm used in the bound.
+        grad_reg_max_skips (`int`, *optional*, defaults to `10`):
+            After this many consecutive skipped (non-finite) steps, save a checkpoint and stop with an error.
+        kl_target (`float`, *optional*):
+            Adaptive KL (Ziegler et al. 2019, arXiv:1909.08593, Sec. 2.2): the KL to the reference policy, in nats
+            per token, that β is steered towards. Needs `beta > 0`.
+        kl_horizon (`int`, *optional*, defaults to `10000`):
+            Adaptive KL's horizon, in completions: β ← β·(1 + clip(KL/kl_target − 1, −0.2, 0.2)·n/kl_horizon), n
+            the completions of one optimizer step.
     """
 
     policy_group_column: str | None = field(
@@ -169,9 +228,63 @@ class GRPOConfig(TRLGRPOConfig):
         default=0.6, metadata={"help": "Gap between 2-means centres of per-prompt success rates that is bimodal."}
     )
 
+    entropy_reg: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Any of target (PI control of the mean token entropy at entropy_target), clip_cov or kl_cov "
+            "(covariance-based, arXiv:2505.22617), advantage (A <- A + tau H). Comma-separated in a string.",
+        },
+    )
+    entropy_target_per_group: bool = field(
+        default=False, metadata={"help": "With target and policy groups: one controller per policy group."}
+    )
+    entropy_pi_kp: float = field(
+        default=0.02, metadata={"help": "Proportional gain of the target controller (coefficient per nat)."}
+    )
+    entropy_pi_ki: float = field(
+        default=0.005, metadata={"help": "Integral gain of the target controller (coefficient per nat per step)."}
+    )
+    clip_cov_ratio: float = field(
+        default=0.0002, metadata={"help": "Clip-Cov: fraction of completion tokens whose gradient is detached."}
+    )
+    clip_cov_lb: float = field(default=1.0, metadata={"help": "Clip-Cov: lower bound of the covariance range."})
+    clip_cov_ub: float = field(default=5.0, metadata={"help": "Clip-Cov: upper bound of the covariance range."})
+    kl_cov_ratio: float = field(
+        default=0.002, metadata={"help": "KL-Cov: fraction of completion tokens (top by covariance) penalized."}
+    )
+    kl_cov_coef: float = field(
+        default=1.0, metadata={"help": "KL-Cov: coefficient of the penalty |log pi - log pi_old|."}
+    )
+    entropy_advantage_coef: float = field(
+        default=0.05, metadata={"help": "tau of the advantage mode, in advantage units per nat."}
+    )
+    grad_reg: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Any of zclip (arXiv:2504.02507), agc (arXiv:2102.06171), skip_nonfinite; any entry skips "
+            "optimizer steps whose gradient norm is NaN or Inf. Needs max_grad_norm > 0.",
+        },
+    )
+    zclip_alpha: float = field(default=0.97, metadata={"help": "Decay of ZClip's moving mean and variance."})
+    zclip_z_threshold: float = field(default=2.5, metadata={"help": "z-score above which ZClip clips."})
+    zclip_warmup_steps: int = field(
+        default=25, metadata={"help": "Optimizer steps whose norms start ZClip's statistics."}
+    )
+    agc_clip: float = field(default=0.01, metadata={"help": "AGC's lambda: unit gradient norm <= lambda ||W||."})
+    agc_eps: float = field(default=0.001, metadata={"help": "AGC's epsilon, the smallest weight norm used."})
+    grad_reg_max_skips: int = field(
+        default=10, metadata={"help": "Consecutive skipped steps after which training saves a checkpoint and stops."}
+    )
+    kl_target: float | None = field(
+        default=None, metadata={"help": "Adaptive KL (arXiv:1909.08593): target KL in nats per token. Needs beta > 0."}
+    )
+    kl_horizon: int = field(default=10000, metadata={"help": "Adaptive KL's horizon, in completions."})
+
     def __post_init__(self):
         super().__post_init__()
         self._check_policy_group_fields()
+        self._check_entropy_reg_fields()
+        self._check_grad_reg_fields()
 
     def _check_policy_group_fields(self) -> None:
         choices = {
@@ -229,6 +342,67 @@ class GRPOConfig(TRLGRPOConfig):
                 "group from the dataset"
             )
 
+    def _check_entropy_reg_fields(self) -> None:
+        self.entropy_reg = _mode_list("entropy_reg", self.entropy_reg, ENTROPY_REG_MODES)
+        modes = self.entropy_reg
+        if modes and (self.use_adaptive_entropy or self.entropy_coef != 0.0):
+            raise ValueError(
+                f"entropy_reg={modes} sets the entropy bonus itself: it needs TRL's use_adaptive_entropy=False (got "
+                f"{self.use_adaptive_entropy}) and entropy_coef=0.0 (got {self.entropy_coef})"
+            )
+        if {"clip_cov", "kl_cov"} <= set(modes):
+            raise ValueError(f"entropy_reg={modes}: choose one of clip_cov and kl_cov")
+        if self.entropy_target_per_group and "target" not in modes:
+            raise ValueError(f"entropy_target_per_group=True needs 'target' in entropy_reg (got {modes})")
+        if "target" in modes:
+            if self.entropy_target <= 0:
+                raise ValueError(f"entropy_reg 'target' needs entropy_target > 0 nats, got {self.entropy_target}")
+            if self.entropy_pi_kp < 0 or self.entropy_pi_ki < 0 or self.entropy_pi_kp + self.entropy_pi_ki == 0:
+                raise ValueError(
+                    f"entropy_pi_kp ({self.entropy_pi_kp}) and entropy_pi_ki ({self.entropy_pi_ki}) must be >= 0, "
+                    "not both 0"
+                )
+            if not 0.0 <= self.entropy_coef_min < self.entropy_coef_max:
+                raise ValueError(
+                    f"need 0 <= entropy_coef_min ({self.entropy_coef_min}) < entropy_coef_max "
+                    f"({self.entropy_coef_max})"
+                )
+        for name in ("clip_cov_ratio", "kl_cov_ratio"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        if self.clip_cov_lb >= self.clip_cov_ub:
+            raise ValueError(f"need clip_cov_lb ({self.clip_cov_lb}) < clip_cov_ub ({self.clip_cov_ub})")
+        for name in ("kl_cov_coef", "entropy_advantage_coef"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    def _check_grad_reg_fields(self) -> None:
+        self.grad_reg = _mode_list("grad_reg", self.grad_reg, GRAD_REG_MODES)
+        if self.grad_reg and not self.max_grad_norm > 0:
+            raise ValueError(
+                f"grad_reg={self.grad_reg} works where the Trainer clips gradients: it needs max_grad_norm > 0, got "
+                f"{self.max_grad_norm}"
+            )
+        if not 0.0 < self.zclip_alpha < 1.0:
+            raise ValueError(f"zclip_alpha must be in (0, 1), got {self.zclip_alpha}")
+        positive = {
+            "zclip_z_threshold": self.zclip_z_threshold,
+            "zclip_warmup_steps": self.zclip_warmup_steps,
+            "agc_clip": self.agc_clip,
+            "agc_eps": self.agc_eps,
+            "grad_reg_max_skips": self.grad_reg_max_skips,
+            "kl_horizon": self.kl_horizon,
+            "kl_target": self.kl_target,
+        }
+        for name, value in positive.items():
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        if self.kl_target is not None and not self.beta > 0:
+            raise ValueError(
+                f"kl_target ({self.kl_target}) adapts beta multiplicatively: it needs beta > 0 at the start, got "
+                f"{self.beta} (TRL computes the reference log-probabilities only when beta != 0)"
+            )
+
     @classmethod
     def add_defaults(cls, args: TRLGRPOConfig) -> TRLGRPOConfig:
         """Give a TRL `GRPOConfig` (or a user's subclass of it) this package's settings at their defaults, in place.
@@ -246,3 +420,18 @@ class GRPOConfig(TRLGRPOConfig):
                 default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
                 setattr(args, f.name, default)
         return args
+
+
+def _mode_list(name: str, value, allowed: tuple[str, ...]) -> list[str]:
+    """`value` (a list, or a comma-separated string from a YAML or the command line) as a list of modes.
+
+    Raises:
+        ValueError: an unknown or repeated mode, naming the field.
+    """
+    modes = [m.strip() for m in value.split(",") if m.strip()] if isinstance(value, str) else list(value or [])
+    for mode in modes:
+        if mode not in allowed:
+            raise ValueError(f"{name} entries must be among {list(allowed)}, got {mode!r}")
+    if len(set(modes)) != len(modes):
+        raise ValueError(f"{name} lists a mode twice: {modes}")
+    return modes
