@@ -10,6 +10,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer as TRLGRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
 from .config import GRPOConfig, TRLGRPOConfig, policy_grouping_requested
+from .entropy_hooks import EntropyRegHooks
 from .policy_group_hooks import PolicyGroupHooks, check_policy_group_setup, with_row_column
 from .resume import (
     EpochSeededSampler,
@@ -51,7 +52,7 @@ class _GRPOLoopState:
         trainer._resumed_loss = (state["pending_loss"], state["last_logged_step"])
 
 
-class GRPOTrainer(PolicyGroupHooks, TRLGRPOTrainer):
+class GRPOTrainer(EntropyRegHooks, PolicyGroupHooks, TRLGRPOTrainer):
     """
     Drop-in replacement for [`trl.GRPOTrainer`]: same constructor, same reward function forms, `peft_config`,
     callbacks and loggers.
@@ -105,6 +106,7 @@ class GRPOTrainer(PolicyGroupHooks, TRLGRPOTrainer):
         super().__init__(model, reward_funcs, args, train_dataset, *more, **kwargs)
         self.policy_group_fn = policy_group_fn
         self.policy_groups = self._build_policy_groups() if grouping else None
+        self._init_entropy_reg()
 
     def resumable_state(self) -> dict:
         """Objects with `state_dict()` / `load_state_dict()` saved in every checkpoint and restored on resume, by
@@ -112,6 +114,8 @@ class GRPOTrainer(PolicyGroupHooks, TRLGRPOTrainer):
         state = {"grpo_loop": _GRPOLoopState(self)}
         if self.policy_groups is not None:
             state["policy_groups"] = self.policy_groups
+        if self.entropy_reg_state is not None:
+            state["entropy_reg"] = self.entropy_reg_state
         return state
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *more, **kwargs):

@@ -1,0 +1,255 @@
+"""Entropy regularization: the formulas against hand-computed values, then each mode wired into training."""
+
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+from torch.testing import assert_close
+from trl import GRPOConfig as TRLGRPOConfig
+from trl import GRPOTrainer as TRLGRPOTrainer
+
+from tests.conftest import length_reward, small_grpo_kwargs
+from tests.resume_check import check_resume, launch_phase
+from trl_grpo_ext import GRPOConfig, GRPOTrainer
+from trl_grpo_ext import entropy as er
+from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows
+
+
+def _dataset(n=32):
+    return Dataset.from_list(to_grpo_rows(synthetic_gsm8k(n, seed=0)))
+
+
+# ---- formulas ----
+
+
+def test_pi_controller_step_response_and_anti_windup():
+    pi = er.EntropyPI(target=1.0, kp=0.1, ki=0.05, bounds=(0.0, 0.3), keys=["all"])
+    coefs = []
+    for _ in range(12):  # entropy held at 0.5 nats: error e = 0.5 every step
+        pi.update({"all": 0.5})
+        coefs.append(pi.coef["all"])
+    # step k (1-based): I = 0.5k, c = 0.1*0.5 + 0.05*0.5k = 0.05 + 0.025k -> 0.075, 0.1, ..., 0.3 at k = 10
+    assert_close(coefs[:10], [0.05 + 0.025 * k for k in range(1, 11)])
+    # k = 11, 12: 0.325 > 0.3 with e > 0: saturated, the integral stays at 5.0 (no windup)
+    assert coefs[10:] == [0.3, 0.3]
+    assert pi.integral["all"] == pytest.approx(5.0)
+    # entropy overshoots to 1.5 (e = -0.5): I = 4.5, c = -0.05 + 0.225 = 0.175 at once, not after unwinding
+    pi.update({"all": 1.5})
+    assert pi.coef["all"] == pytest.approx(0.175)
+
+
+def test_pi_controller_stays_at_its_floor_while_entropy_is_high_and_adopts_new_groups():
+    pi = er.EntropyPI(target=1.0, kp=0.1, ki=0.05, bounds=(0.01, 1.0), keys=["a", "b"])
+    pi.update({"a": 6.0, "b": 0.0})  # a: e = -5, output -0.75 < floor: not integrated; b: e = 1 -> 0.1 + 0.05
+    assert pi.coef == {"a": 0.01, "b": pytest.approx(0.15)}
+    assert pi.integral == {"a": 0.0, "b": 1.0}
+    pi.update({"a": math.nan})  # no measurement: unchanged
+    assert pi.coef["a"] == 0.01
+    assert pi.coefficient("a+b") == pytest.approx((0.01 + 0.15) / 2)  # a merge starts from its parents' mean
+    assert pi.coefficient("b/lo") == pytest.approx(0.15)  # a split child from its parent
+    state = pi.state_dict()
+    other = er.EntropyPI(target=1.0, kp=0.1, ki=0.05, bounds=(0.01, 1.0), keys=["a"])
+    other.load_state_dict(state)
+    assert other.coef == pi.coef and other.integral == pi.integral
+
+
+def test_completion_entropy_bonus_and_advantage_shift():
+    entropies = torch.tensor([[1.0, 3.0, 9.0], [2.0, 4.0, 6.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    assert_close(er.completion_entropy(entropies, mask), torch.tensor([2.0, 4.0]))  # (1+3)/2, (2+4+6)/3
+    # (0.1*(1+3) + 0.2*(2+4+6)) / 5 tokens = (0.4 + 2.4) / 5 = 0.56
+    assert_close(er.entropy_bonus(entropies, mask, torch.tensor([0.1, 0.2])), torch.tensor(0.56))
+    # A + tau*H: [1 + 0.5*2, -1 + 0.5*4] = [2, 1]; (B, T) advantages get the same shift on every token
+    assert_close(er.entropy_advantages(torch.tensor([1.0, -1.0]), entropies, mask, 0.5), torch.tensor([2.0, 1.0]))
+    shifted = er.entropy_advantages(torch.tensor([[1.0] * 3, [-1.0] * 3]), entropies, mask, 0.5)
+    assert_close(shifted, torch.tensor([[2.0] * 3, [1.0] * 3]))
+
+
+def test_token_covariance_and_the_two_masks():
+    logps = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -1.5, -9.0]])
+    advantages = torch.tensor([2.0, -2.0])
+    cov = er.token_covariance(logps, advantages, means=(-1.5, 0.0))
+    # (logp + 1.5) * A: row 0: 0.5*2, -0.5*2, -1.5*2; row 1: 1*-2, 0*-2, -7.5*-2
+    assert_close(cov, torch.tensor([[1.0, -1.0, -3.0], [-2.0, 0.0, 15.0]]))
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    # KL-Cov: top max(int(0.4 * 5), 1) = 2 valid tokens by covariance: 1.0 and 0.0 (15.0 is padding)
+    chosen = er.kl_cov_mask(cov, mask, 0.4)
+    assert chosen.tolist() == [[True, False, False], [False, True, False]]
+    # Clip-Cov: a random max(int(0.2 * 5), 1) = 1 token among those with lb < cov < ub: only (0, 0) has 1 > 0.5
+    chosen = er.clip_cov_mask(cov, mask.bool(), 0.2, (0.5, 5.0), torch.Generator().manual_seed(0))
+    assert chosen.tolist() == [[True, False, False], [False, False, False]]
+    # with wide bounds, 2 of the 5 valid tokens are drawn, never padding, and the same seed draws the same ones
+    draws = [er.clip_cov_mask(cov, mask.bool(), 0.4, (-100, 100), torch.Generator().manual_seed(s)) for s in (1, 1)]
+    assert draws[0].equal(draws[1]) and int(draws[0].sum()) == 2 and not (draws[0] & ~mask.bool()).any()
+
+
+def test_kl_cov_penalty_value_and_gradient():
+    logps = torch.tensor([[-1.0, -2.0], [-3.0, -4.0]], requires_grad=True)
+    old = torch.tensor([[-1.5, -2.0], [-2.0, -4.0]])
+    chosen = torch.tensor([[True, False], [True, False]])
+    mask = torch.ones(2, 2)
+    penalty = er.kl_cov_penalty(logps, old, chosen, mask, 2.0)
+    assert_close(penalty, torch.tensor(2.0 * (0.5 + 1.0) / 4))  # beta * (|0.5| + |-1|) / 4 tokens = 0.75
+    penalty.backward()
+    # d/dlogp of beta*|logp - old|/4 = 0.5*sign: +0.5 at (0, 0), -0.5 at (1, 0), 0 where not chosen
+    assert_close(logps.grad, torch.tensor([[0.5, 0.0], [-0.5, 0.0]]))
+
+
+# ---- wired into training ----
+
+
+def test_target_mode_at_its_floor_equals_trls_static_bonus(tmp_path, tiny_model_dir):
+    """With the entropy far above a low target the controller sits at entropy_coef_min; the run must then be TRL's
+    run with the same static `entropy_coef`: our bonus is TRL's term, computed the same way."""
+    common = small_grpo_kwargs(tmp_path / "a", max_steps=3)
+    stock = TRLGRPOTrainer(tiny_model_dir, length_reward, TRLGRPOConfig(**common, entropy_coef=0.05), _dataset())
+    stock.train()
+    ours_args = GRPOConfig(**{**common, "output_dir": str(tmp_path / "b")}, entropy_reg="target",
+                           entropy_target=0.01, entropy_coef_min=0.05)  # fmt: skip
+    ours = GRPOTrainer(tiny_model_dir, length_reward, ours_args, _dataset())
+    ours.train()
+    assert [row["entropy_reg/coef"] for row in ours.state.log_history[:-1]] == [0.05] * 3
+    for (name, p), q in zip(stock.model.named_parameters(), ours.model.parameters(), strict=True):
+        assert_close(p, q, atol=1e-6, rtol=0, msg=name)
+    assert (stock.state.log_history[-2]["loss"] - ours.state.log_history[-2]["loss"]) == pytest.approx(0, abs=1e-6)
+
+
+def test_target_mode_raises_the_coefficient_by_the_pi_law(tmp_path, tiny_model_dir):
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=2), entropy_reg="target", entropy_target=8.0,
+                      entropy_pi_kp=0.02, entropy_pi_ki=0.005)  # fmt: skip
+    trainer = GRPOTrainer(tiny_model_dir, length_reward, args, _dataset())
+    trainer.train()
+    rows = trainer.state.log_history[:-1]
+    # one micro-batch per step, so TRL's logged entropy is the controller's measurement
+    e1, e2 = 8.0 - rows[0]["entropy"], 8.0 - rows[1]["entropy"]
+    assert e1 > 1  # the random model's entropy (~6.2 nats) is below the 8-nat target
+    assert rows[0]["entropy_reg/coef"] == pytest.approx(0.02 * e1 + 0.005 * e1)
+    assert rows[1]["entropy_reg/coef"] == pytest.approx(0.02 * e2 + 0.005 * (e1 + e2))
+    assert trainer.entropy_reg_state.controller.integral["all"] == pytest.approx(e1 + e2)
+
+
+def test_per_group_controllers_see_only_their_groups_entropy(tmp_path, tiny_model_dir):
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=1), entropy_reg="target", entropy_target=1.0,
+                      entropy_target_per_group=True, policy_group_column="difficulty",
+                      remove_unused_columns=False)  # fmt: skip
+    trainer = GRPOTrainer(tiny_model_dir, length_reward, args, _dataset())
+    low, high = trainer.policy_groups.names[:2]
+    # one completion of each group: the low one's mean entropy is 0.5 nats (below target), the high one's 3.0
+    trainer._observe_entropy([low, high], torch.tensor([[0.4, 0.6], [3.0, 3.0]]), torch.ones(2, 2))
+    controller = trainer.entropy_reg_state.controller
+    assert controller.coef[low] == pytest.approx(0.02 * 0.5 + 0.005 * 0.5)
+    assert controller.coef[high] == 0.0  # entropy above target: it is not pushed
+    metrics = trainer._metrics["train"]
+    assert metrics[f"entropy_reg/{low}/entropy"] == [pytest.approx(0.5)]
+    assert metrics[f"entropy_reg/{high}/entropy"] == [pytest.approx(3.0)]
+
+
+def test_advantage_mode_feeds_trl_the_shifted_advantages(tmp_path, tiny_model_dir, monkeypatch):
+    seen = []
+    original = er.entropy_advantages
+
+    def spy(advantages, entropies, mask, tau):
+        shifted = original(advantages, entropies, mask, tau)
+        seen.append((advantages.clone(), er.completion_entropy(entropies.detach(), mask), shifted))
+        return shifted
+
+    monkeypatch.setattr(er, "entropy_advantages", spy)
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=1), loss_type="grpo", entropy_reg="advantage",
+                      entropy_advantage_coef=0.3)  # fmt: skip
+    trainer = GRPOTrainer(tiny_model_dir, length_reward, args, _dataset())
+    trainer.train()
+    ((advantages, entropy, shifted),) = seen
+    assert_close(shifted, advantages + 0.3 * entropy)
+    # loss_type grpo, on-policy (ratio 1), beta 0: TRL's loss is -mean_b(A_b), so it must be -mean(A + 0.3 H)
+    assert trainer.state.log_history[0]["loss"] == pytest.approx(-shifted.mean().item(), abs=1e-5)
+    # TRL reuses its buffered batch (num_iterations): it must keep the unshifted advantages (TRL got a copy)
+    assert_close(trainer._buffered_inputs[0]["advantages"], advantages)
+
+
+def test_clip_cov_detaches_the_chosen_tokens_and_logs_their_fraction(tmp_path, tiny_model_dir, monkeypatch):
+    chosen_masks = []
+    original = er.clip_cov_mask
+
+    def spy(*args, **kwargs):
+        chosen_masks.append(original(*args, **kwargs))
+        return chosen_masks[-1]
+
+    monkeypatch.setattr(er, "clip_cov_mask", spy)
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=2), entropy_reg="clip_cov", clip_cov_lb=-1e9,
+                      clip_cov_ub=1e9, clip_cov_ratio=0.1)  # fmt: skip
+    trainer = GRPOTrainer(tiny_model_dir, length_reward, args, _dataset())
+    trainer.train()
+    rows = trainer.state.log_history[:-1]
+    for chosen, row in zip(chosen_masks, rows, strict=True):
+        assert 0 < chosen.sum() <= 0.1 * chosen.numel() + 1
+        assert row["entropy_reg/clipped_frac"] > 0
+    # the draws depend on the micro-step, not on a shared random stream: two steps draw differently
+    assert not chosen_masks[0].equal(chosen_masks[1])
+
+
+def test_kl_cov_penalty_enters_the_loss_once_the_policy_has_moved(tmp_path, tiny_model_dir):
+    kwargs = small_grpo_kwargs(tmp_path, max_steps=2, num_iterations=2)
+    plain = GRPOTrainer(tiny_model_dir, length_reward, GRPOConfig(**kwargs), _dataset())
+    plain.train()
+    args = GRPOConfig(**{**kwargs, "output_dir": str(tmp_path / "kl")}, entropy_reg="kl_cov", kl_cov_ratio=0.5,
+                      kl_cov_coef=10.0)  # fmt: skip
+    trainer = GRPOTrainer(tiny_model_dir, length_reward, args, _dataset())
+    trainer.train()
+    rows, plain_rows = trainer.state.log_history[:-1], plain.state.log_history[:-1]
+    # step 1 is the first pass over the generation batch: log pi = log pi_old, no penalty, identical loss
+    assert rows[0]["loss"] == pytest.approx(plain_rows[0]["loss"], abs=1e-7)
+    # step 2 is the second pass: the policy moved, the penalty (>= 0) is added
+    assert rows[1]["loss"] > plain_rows[1]["loss"] + 1e-6
+    assert rows[1]["entropy_reg/penalized_frac"] == pytest.approx(0.5, abs=0.02)
+
+
+def test_per_group_target_without_policy_groups_is_an_error(tmp_path, tiny_model_dir):
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path), entropy_reg="target", entropy_target_per_group=True)
+    with pytest.raises(ValueError, match="entropy_target_per_group=True needs policy groups"):
+        GRPOTrainer(tiny_model_dir, length_reward, args, _dataset())
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"entropy_reg": "target,foo"}, "entropy_reg entries must be among .* got 'foo'"),
+        ({"entropy_reg": ["target", "target"]}, r"entropy_reg lists a mode twice: \['target', 'target'\]"),
+        ({"entropy_reg": "target", "use_adaptive_entropy": True}, "use_adaptive_entropy=False \\(got True\\)"),
+        ({"entropy_reg": "advantage", "entropy_coef": 0.01}, "entropy_coef=0.0 \\(got 0.01\\)"),
+        ({"entropy_reg": "clip_cov,kl_cov"}, "choose one of clip_cov and kl_cov"),
+        ({"entropy_target_per_group": True}, "needs 'target' in entropy_reg \\(got \\[\\]\\)"),
+        ({"entropy_reg": "target", "entropy_target": 0.0}, "entropy_target > 0 nats, got 0.0"),
+        ({"entropy_reg": "target", "entropy_pi_kp": -0.1}, r"entropy_pi_kp \(-0.1\)"),
+        ({"entropy_reg": "target", "entropy_coef_max": 0.0}, r"entropy_coef_min \(0.0\) < entropy_coef_max \(0.0\)"),
+        ({"clip_cov_ratio": 0.0}, r"clip_cov_ratio must be in \(0, 1\], got 0.0"),
+        ({"clip_cov_lb": 5.0}, r"clip_cov_lb \(5.0\) < clip_cov_ub \(5.0\)"),
+        ({"kl_cov_coef": -1.0}, "kl_cov_coef must be >= 0, got -1.0"),
+        ({"entropy_advantage_coef": -0.5}, "entropy_advantage_coef must be >= 0, got -0.5"),
+    ],
+)
+def test_bad_entropy_settings_name_the_field_and_value(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(**small_grpo_kwargs(tmp_path), **overrides)
+
+
+RESUME_CONFIGS = {
+    "target+clip_cov": {"entropy_reg": ["target", "clip_cov"], "entropy_target": 7.0, "clip_cov_lb": -1e9,
+                        "clip_cov_ub": 1e9, "clip_cov_ratio": 0.05},
+    "kl_cov+advantage": {"entropy_reg": ["kl_cov", "advantage"], "num_iterations": 2},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("config", RESUME_CONFIGS.values(), ids=RESUME_CONFIGS.keys())
+def test_resume_restores_the_entropy_controllers_exactly(config, tmp_path, tiny_model_dir):
+    check_resume(config, tmp_path, tiny_model_dir)
+
+
+def test_two_processes_hold_the_same_controller(tmp_path, tiny_model_dir):
+    """Under 2 processes each rank logs its own controller's coefficient: they must agree at every step."""
+    config = {"entropy_reg": ["target", "clip_cov"], "entropy_target": 7.0, "per_device_train_batch_size": 6,
+              "max_steps": 3, "save_steps": 3}  # fmt: skip
+    ranks = launch_phase(config, tiny_model_dir, str(tmp_path / "run"), num_processes=2)
+    coefs = [[row["entropy_reg/coef"] for row in rank["logs"] if "entropy_reg/coef" in row] for rank in ranks]
+    assert len(coefs[0]) == 3 and coefs[0] == coefs[1]
+    assert coefs[0][-1] > 0

@@ -1,0 +1,144 @@
+"""Entropy regularization: small pure functions on tensors, and the PI controller of the `target` mode.
+
+Shapes: B completions on this process, T completion tokens. Entropy is that of the full next-token distribution, in
+nats per token (TRL's `entropy_from_logits`), never the negative log-probability of the sampled token.
+"""
+
+import math
+
+import torch
+
+
+def completion_entropy(entropies: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean token entropy of each completion, (B, T) x (B, T) -> (B,) nats; 0 for a completion with no tokens."""
+    mask = mask.to(entropies.dtype)
+    return (entropies * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+
+
+def entropy_bonus(entropies: torch.Tensor, mask: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+    """Σ_bt c_b·H_bt·m_bt / Σ_bt m_bt: the mean token entropy weighted by each completion's coefficient `coef` (B,).
+
+    With one coefficient for all completions this is TRL's entropy bonus (`entropy_coef` times the mean token
+    entropy), the term subtracted from the loss; with one coefficient per policy group each group is pushed alone.
+    Returns a scalar that keeps the gradient of `entropies` (B, T).
+    """
+    mask = mask.to(entropies.dtype)
+    return (coef[:, None].to(entropies.dtype) * entropies * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def entropy_advantages(advantages: torch.Tensor, entropies: torch.Tensor, mask: torch.Tensor, tau: float):
+    """A_i + τ·H_i with H_i the completion's mean token entropy, detached: the entropy-regularized relative reward.
+
+    A related shaping (with a clip at |A|/κ) is Cheng et al. 2025, arXiv:2506.14758, eq. 4. `advantages` is (B,) or
+    (B, T); returns the same shape.
+    """
+    bonus = tau * completion_entropy(entropies.detach(), mask)  # (B,)
+    return advantages + (bonus if advantages.dim() == 1 else bonus[:, None]).to(advantages.dtype)
+
+
+def token_covariance(logps: torch.Tensor, advantages: torch.Tensor, means: tuple[float, float]) -> torch.Tensor:
+    """Per-token covariance term (log π_t − mean log π)·(A_t − mean A), (B, T) from `logps` (B, T) and `advantages`
+    (B,) or (B, T), detached; `means` = (mean log-probability, mean advantage) over all valid tokens of all processes.
+
+    Cui et al. 2025, arXiv:2505.22617, eq. 11: the entropy change of a policy-gradient step follows the covariance
+    of log-probability and advantage, and these are its per-token terms.
+    """
+    if advantages.dim() == 1:
+        advantages = advantages[:, None]
+    return (logps.detach() - means[0]) * (advantages.detach() - means[1])
+
+
+def clip_cov_mask(
+    cov: torch.Tensor,
+    candidates: torch.Tensor,
+    ratio: float,
+    bounds: tuple[float, float],
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Clip-Cov's tokens (arXiv:2505.22617, Sec. 4.2, eq. 12): a random `ratio` of the valid tokens (at least one),
+    drawn among the `candidates` (B, T) bool whose covariance `cov` (B, T) lies strictly inside `bounds` = (ω_low,
+    ω_high). Returns a (B, T) bool mask of the tokens whose gradient is detached; the draw uses `generator` (CPU).
+    """
+    inside = candidates & (cov > bounds[0]) & (cov < bounds[1])
+    count = max(int(ratio * int(candidates.sum())), 1)
+    chosen = torch.zeros_like(inside)
+    index = inside.flatten().nonzero().flatten().cpu()
+    if len(index):
+        pick = index[torch.randperm(len(index), generator=generator)[:count]]
+        chosen.view(-1)[pick.to(chosen.device)] = True
+    return chosen
+
+
+def kl_cov_mask(cov: torch.Tensor, mask: torch.Tensor, ratio: float) -> torch.Tensor:
+    """KL-Cov's tokens (arXiv:2505.22617, Sec. 4.2, eq. 13): the top `ratio` of valid tokens (at least one) by
+    covariance `cov` (B, T) among `mask` (B, T). Returns a (B, T) bool mask of the tokens that get the penalty."""
+    valid = mask.bool()
+    count = min(max(int(ratio * int(valid.sum())), 1), int(valid.sum()))
+    chosen = torch.zeros_like(valid)
+    if count:
+        scores = torch.where(valid, cov, torch.full_like(cov, -math.inf)).flatten()
+        chosen.view(-1)[scores.topk(count).indices] = True
+    return chosen
+
+
+def kl_cov_penalty(logps: torch.Tensor, old_logps: torch.Tensor, chosen: torch.Tensor, mask: torch.Tensor, coef):
+    """β·Σ_chosen |log π − log π_old| / Σ mask: KL-Cov's penalty as a token mean over the valid tokens (eq. 13; the
+    reference implementation's token-mean aggregation). Scalar with the gradient of `logps` (B, T).
+
+    The gradient is zero while the policy has not moved since generation (log π = log π_old), so the penalty acts
+    from the second pass over a generation batch on (`num_iterations > 1`, or `steps_per_generation` >
+    `gradient_accumulation_steps`), as in the paper's PPO mini-batches.
+    """
+    penalty = (logps - old_logps).abs() * chosen.to(logps.dtype)
+    return coef * penalty.sum() / mask.sum().clamp(min=1.0)
+
+
+class EntropyPI:
+    """PI controllers holding mean token entropy at a target by setting the entropy-bonus coefficient, one per key.
+
+    For each key every optimizer step, with e = target − H (nats; positive when entropy is too low):
+        I ← I + e   (only while the output is not saturated in the direction of e: anti-windup by clamping)
+        c = clip(k_p·e + k_i·I, c_min, c_max)
+    The PI law and clamping anti-windup are the textbook ones (Åström & Murray, *Feedback Systems*, 2nd ed., Sec. 11.3,
+    eq. 11.12 and "integrator windup"). The bonus −c·H enters the loss (TRL's objective L = L_policy − c·H), so a
+    larger c raises entropy. A key with no measurement in a step keeps its state. A new key (a policy group made by
+    a merge "a+b" or split "a/lo", "a/hi") starts from the mean state of the keys its name is made of, else of all.
+    """
+
+    def __init__(self, target: float, kp: float, ki: float, bounds: tuple[float, float], keys: list[str]):
+        self.target, self.kp, self.ki, self.bounds = target, kp, ki, bounds
+        self.coef = {key: bounds[0] for key in keys}
+        self.integral = {key: 0.0 for key in keys}
+
+    def coefficient(self, key: str) -> float:
+        if key not in self.coef:
+            self._adopt(key)
+        return self.coef[key]
+
+    def update(self, measured: dict[str, float]) -> None:
+        """Fold in one optimizer step's mean token entropy per key (nats); NaN or missing keys are skipped."""
+        low, high = self.bounds
+        for key, entropy in measured.items():
+            if math.isnan(entropy):
+                continue
+            self.coefficient(key)
+            error = self.target - entropy
+            integral = self.integral[key] + error
+            output = self.kp * error + self.ki * integral
+            if (output > high and error > 0) or (output < low and error < 0):
+                integral = self.integral[key]  # saturated and the error pushes further out: do not integrate
+                output = self.kp * error + self.ki * integral
+            self.integral[key] = integral
+            self.coef[key] = min(max(output, low), high)
+
+    def _adopt(self, key: str) -> None:
+        parts = {part.removesuffix("/lo").removesuffix("/hi") for part in key.split("+")}
+        parents = [k for k in self.coef if k in parts] or list(self.coef)
+        self.coef[key] = sum(self.coef[k] for k in parents) / len(parents) if parents else self.bounds[0]
+        self.integral[key] = sum(self.integral[k] for k in parents) / len(parents) if parents else 0.0
+
+    def state_dict(self) -> dict:
+        return {"coef": dict(self.coef), "integral": dict(self.integral)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.coef, self.integral = dict(state["coef"]), dict(state["integral"])

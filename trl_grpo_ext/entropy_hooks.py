@@ -1,0 +1,190 @@
+"""Entropy regularization wired into TRL's `GRPOTrainer` hooks: a mixin of `trl_grpo_ext.GRPOTrainer` (each override
+calls `super()`). The formulas are in `entropy`; the settings are `GRPOConfig.entropy_reg` and the fields after it.
+
+TRL's `_compute_loss` computes the per-token log-probabilities and entropies with `_get_per_token_logps_and_entropies`
+before it reads the advantages. Our `_compute_loss` hands TRL a shallow copy of the batch (TRL buffers the original
+and reuses it for `num_iterations` passes), and our `_get_per_token_logps_and_entropies` acts on that copy while TRL's
+loss is being computed: it shifts the advantages (`advantage`), or detaches the log-probabilities of Clip-Cov's
+tokens (`clip_cov`). Terms added to TRL's loss (the `target` bonus, KL-Cov's penalty) are token means scaled for
+gradient accumulation only, as TRL's own entropy bonus is.
+"""
+
+import logging
+
+import torch
+
+from . import entropy as er
+
+logger = logging.getLogger(__name__)
+
+
+class EntropyRegState:
+    """What entropy regularization keeps across optimizer steps: the `target` controllers (coefficient and integral
+    per key: `all`, or each policy group's name)."""
+
+    def __init__(self, controller: er.EntropyPI | None):
+        self.controller = controller
+
+    def state_dict(self) -> dict:
+        return {"controller": None if self.controller is None else self.controller.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.controller is not None:
+            self.controller.load_state_dict(state["controller"])
+
+
+class EntropyRegHooks:
+    """TRL hook overrides for entropy regularization; each is a plain call to TRL's method while `entropy_reg` is
+    empty (`self.entropy_reg_state` is None)."""
+
+    entropy_reg_state: EntropyRegState | None = None
+    _entropy_batch = None  # the copy of the batch TRL's loss is computing on, while it does
+    _entropy_capture = None  # (log-probabilities (B, T) with gradient, entropies (B, T), tokens chosen (B, T))
+    _entropy_window = None  # key -> [entropy sum, token count] over the current accumulation window
+
+    def _init_entropy_reg(self) -> None:
+        """Called at the end of `GRPOTrainer.__init__`.
+
+        Raises:
+            ValueError: `entropy_target_per_group=True` without policy groups.
+        """
+        args = self.args
+        if not args.entropy_reg:
+            return
+        controller = None
+        if "target" in args.entropy_reg:
+            if args.entropy_target_per_group and self.policy_groups is None:
+                raise ValueError("entropy_target_per_group=True needs policy groups (policy_group_column, ...)")
+            keys = list(self.policy_groups.names) if args.entropy_target_per_group else ["all"]
+            bounds = (args.entropy_coef_min, args.entropy_coef_max)
+            controller = er.EntropyPI(args.entropy_target, args.entropy_pi_kp, args.entropy_pi_ki, bounds, keys)
+        self.entropy_reg_state = EntropyRegState(controller)
+        self._entropy_window = {}
+        if "kl_cov" in args.entropy_reg and args.num_iterations == 1:
+            if args.steps_per_generation <= args.gradient_accumulation_steps:
+                logger.warning(
+                    "entropy_reg 'kl_cov' penalizes |log pi - log pi_old|, which has no gradient while the policy has "
+                    "not moved since generation: with num_iterations=1 and steps_per_generation <= "
+                    "gradient_accumulation_steps it has no effect"
+                )
+
+    def _compute_loss(self, model, inputs):
+        if self.entropy_reg_state is None:
+            return super()._compute_loss(model, inputs)
+        self._entropy_batch = dict(inputs)
+        try:
+            loss = super()._compute_loss(model, self._entropy_batch)
+        finally:
+            batch, capture = self._entropy_batch, self._entropy_capture
+            self._entropy_batch = self._entropy_capture = None
+        return loss + self._entropy_loss_terms(batch, capture)
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        batch = self._entropy_batch
+        if batch is None or not kwargs.get("compute_entropy"):
+            return result
+        modes = self.args.entropy_reg
+        logps, entropies = result[0], result[1]  # (B, T) each
+        mask = batch["completion_mask"] if "tool_mask" not in batch else batch["completion_mask"] * batch["tool_mask"]
+        if "advantage" in modes:
+            batch["advantages"] = er.entropy_advantages(
+                batch["advantages"], entropies, mask, self.args.entropy_advantage_coef
+            )
+        chosen = None
+        if "clip_cov" in modes or "kl_cov" in modes:
+            cov = er.token_covariance(logps, batch["advantages"], self._global_means(logps, batch["advantages"], mask))
+            if "clip_cov" in modes:
+                chosen = er.clip_cov_mask(
+                    cov, mask.bool() & ~self._ppo_clipped(logps, batch), self.args.clip_cov_ratio,
+                    (self.args.clip_cov_lb, self.args.clip_cov_ub), self._clip_cov_generator(),
+                )  # fmt: skip
+                logps = torch.where(chosen, logps.detach(), logps)
+            else:
+                chosen = er.kl_cov_mask(cov, mask, self.args.kl_cov_ratio)
+        self._entropy_capture = (logps, entropies, chosen)
+        return (logps, *result[1:])
+
+    def _global_means(self, logps, advantages, mask) -> tuple[float, float]:
+        """(mean log-probability, mean advantage) over the valid tokens of every process."""
+        mask = mask.to(logps.dtype)
+        advantages = advantages if advantages.dim() == 2 else advantages[:, None]
+        sums = torch.stack([(logps.detach() * mask).sum(), (advantages.detach() * mask).sum(), mask.sum()])
+        sums = self.accelerator.reduce(sums, reduction="sum")
+        count = sums[2].clamp(min=1.0)
+        return (sums[0] / count).item(), (sums[1] / count).item()
+
+    def _ppo_clipped(self, logps, batch) -> torch.Tensor:
+        """(B, T) tokens where the clipped PPO surrogate is the active one; Clip-Cov leaves them alone (the reference
+        implementation's `clip_by_origin`)."""
+        old = batch.get("old_per_token_logps")
+        ratio = torch.exp(logps.detach() - (logps.detach() if old is None else old))
+        advantages = batch["advantages"] if batch["advantages"].dim() == 2 else batch["advantages"][:, None]
+        clipped = torch.clamp(ratio, 1 - self.epsilon_low, 1 + self.epsilon_high)
+        return -advantages * clipped > -advantages * ratio
+
+    def _clip_cov_generator(self) -> torch.Generator:
+        """Clip-Cov's random draw: seeded by the run's seed, the process and the micro-step (checkpointed), so a
+        resumed run draws the same tokens and no other random stream moves."""
+        seed = (self.args.seed * 1_000_003 + self.accelerator.process_index * 10_007 + self._step) % 2**63
+        return torch.Generator().manual_seed(seed)
+
+    def _entropy_loss_terms(self, batch, capture) -> torch.Tensor:
+        """The `target` bonus (subtracted) and KL-Cov's penalty (added) for this micro-batch, with metrics and, at
+        the end of an accumulation window in training, the controller update."""
+        logps, entropies, chosen = capture
+        mask = batch["completion_mask"] if "tool_mask" not in batch else batch["completion_mask"] * batch["tool_mask"]
+        training = self.model.training
+        mode = "train" if training else "eval"
+        accumulation = self.current_gradient_accumulation_steps if training else 1.0
+        extra = torch.zeros((), device=logps.device, dtype=logps.dtype)
+        modes = self.args.entropy_reg
+        if "kl_cov" in modes:
+            old = batch.get("old_per_token_logps")
+            old = logps.detach() if old is None else old
+            extra = extra + er.kl_cov_penalty(logps, old, chosen, mask, self.args.kl_cov_coef) / accumulation
+        if chosen is not None:
+            counts = self.accelerator.reduce(torch.stack([chosen.sum(), mask.sum()]).float(), reduction="sum")
+            name = "clipped_frac" if "clip_cov" in modes else "penalized_frac"
+            self._metrics[mode][f"entropy_reg/{name}"].append((counts[0] / counts[1].clamp(min=1.0)).item())
+        controller = self.entropy_reg_state.controller
+        if controller is not None:
+            keys = self._entropy_keys(batch, len(entropies))
+            coef = torch.tensor([controller.coefficient(key) for key in keys], device=entropies.device)
+            extra = extra - er.entropy_bonus(entropies, mask, coef) / accumulation
+            if training:
+                self._observe_entropy(keys, entropies.detach(), mask)
+        return extra
+
+    def _entropy_keys(self, batch, size: int) -> list[str]:
+        """The controller key of each of the `size` completions: its policy group's name, or `all`."""
+        if not self.args.entropy_target_per_group:
+            return ["all"] * size
+        names = self.policy_groups.names
+        return [names[i] for i in batch["policy_group_ids"].tolist()]
+
+    def _observe_entropy(self, keys: list[str], entropies: torch.Tensor, mask: torch.Tensor) -> None:
+        """Add this micro-batch's entropy sums per key to the window; at its end, reduce over processes (every
+        process then holds the same measurement) and update the controllers."""
+        tokens = mask.to(entropies.dtype)
+        per_completion = torch.stack([(entropies * tokens).sum(1), tokens.sum(1)], dim=1).double().cpu()  # (B, 2)
+        for key, row in zip(keys, per_completion, strict=True):
+            self._entropy_window[key] = self._entropy_window.get(key, 0) + row
+        if not self.accelerator.sync_gradients:
+            return
+        controller = self.entropy_reg_state.controller
+        # the same keys in the same order on every process (a window entry of a group renamed since is dropped)
+        all_keys = list(self.policy_groups.names) if self.args.entropy_target_per_group else ["all"]
+        local = torch.stack([self._entropy_window.get(key, torch.zeros(2, dtype=torch.float64)) for key in all_keys])
+        totals = self.accelerator.reduce(local.to(self.accelerator.device), reduction="sum").cpu()  # (K, 2)
+        self._entropy_window = {}
+        measured = {key: (s / n).item() for key, (s, n) in zip(all_keys, totals, strict=True) if n > 0}
+        controller.update(measured)
+        metrics = self._metrics["train"]
+        if self.args.entropy_target_per_group:
+            for key in all_keys:
+                metrics[f"entropy_reg/{key}/coef"].append(controller.coefficient(key))
+                if key in measured:
+                    metrics[f"entropy_reg/{key}/entropy"].append(measured[key])
+        coefs = [controller.coefficient(key) for key in all_keys if key in measured] or [0.0]
+        metrics["entropy_reg/coef"].append(sum(coefs) / len(coefs))
