@@ -97,15 +97,15 @@ class GRPOConfig(TRLGRPOConfig):
         entropy_reg (`list[str]`, *optional*, defaults to `[]`):
             Any of `target` (a PI controller holds the mean token entropy at `entropy_target` by setting the
             entropy-bonus coefficient each optimizer step, within [`entropy_coef_min`, `entropy_coef_max`]),
-            `clip_cov` or `kl_cov` (covariance-based, Cui et al. 2025, arXiv:2505.22617, Sec. 4; one of the two),
+            `clip_cov` or `kl_cov` (covariance-based, Cui et al. 2025, arXiv:2505.22617; one of the two),
             `advantage` (A_i ← A_i + τ·H_i, H_i the completion's mean token entropy, detached). A string may list
             several, comma-separated. Needs TRL's `entropy_coef=0` and `use_adaptive_entropy=False`.
         entropy_target_per_group (`bool`, *optional*, defaults to `False`):
             With `target` and policy groups: one controller and coefficient per policy group, each holding its own
             group's entropy at `entropy_target`.
-        entropy_pi_kp (`float`, *optional*, defaults to `0.02`):
+        entropy_pi_kp (`float`, *optional*, defaults to `0.2`):
             Proportional gain of the `target` controller, in coefficient per nat of entropy error.
-        entropy_pi_ki (`float`, *optional*, defaults to `0.005`):
+        entropy_pi_ki (`float`, *optional*, defaults to `0.02`):
             Integral gain of the `target` controller, in coefficient per nat per optimizer step.
         clip_cov_ratio (`float`, *optional*, defaults to `0.0002`):
             Clip-Cov: fraction of completion tokens whose gradient is detached (reference implementation's value).
@@ -125,8 +125,9 @@ class GRPOConfig(TRLGRPOConfig):
         grad_reg (`list[str]`, *optional*, defaults to `[]`):
             Any of `zclip` (z-score clipping of the total gradient norm, Kumar et al. 2025, arXiv:2504.02507), `agc`
             (unit-wise adaptive gradient clipping, Brock et al. 2021, arXiv:2102.06171) and `skip_nonfinite`. Any
-            entry turns on the non-finite guard: an optimizer step whose gradient norm is NaN or Inf is skipped.
-            Applied where the Trainer clips gradients; needs `max_grad_norm > 0`, which stays the upper bound.
+            entry turns on the non-finite guard: an optimizer step whose gradient norm is NaN or Inf is skipped
+            (parameters and optimizer state unchanged; the learning-rate schedule still advances). Applied where the
+            Trainer clips gradients; needs `max_grad_norm > 0`, which stays the upper bound.
         zclip_alpha (`float`, *optional*, defaults to `0.97`):
             Decay of ZClip's moving mean and variance of the gradient norm.
         zclip_z_threshold (`float`, *optional*, defaults to `2.5`):
@@ -134,7 +135,9 @@ class GRPOConfig(TRLGRPOConfig):
         zclip_warmup_steps (`int`, *optional*, defaults to `25`):
             Optimizer steps whose norms start ZClip's statistics; only `max_grad_norm` clips during them.
         agc_clip (`float`, *optional*, defaults to `0.01`):
-            AGC's λ: a unit's gradient norm is kept at most λ·max(‖W_unit‖, `agc_eps`).
+            AGC's λ: a unit's gradient norm is kept at most λ·max(‖W_unit‖, `agc_eps`). LoRA factors that PEFT
+            initializes to zero (`lora_B`, `lora_embedding_A`) are exempt, since their bound would be λ·ε; the global
+            norm clip still bounds them.
         agc_eps (`float`, *optional*, defaults to `0.001`):
             AGC's ε, the smallest weight norm used in the bound.
         grad_reg_max_skips (`int`, *optional*, defaults to `10`):
@@ -239,10 +242,10 @@ class GRPOConfig(TRLGRPOConfig):
         default=False, metadata={"help": "With target and policy groups: one controller per policy group."}
     )
     entropy_pi_kp: float = field(
-        default=0.02, metadata={"help": "Proportional gain of the target controller (coefficient per nat)."}
+        default=0.2, metadata={"help": "Proportional gain of the target controller (coefficient per nat)."}
     )
     entropy_pi_ki: float = field(
-        default=0.005, metadata={"help": "Integral gain of the target controller (coefficient per nat per step)."}
+        default=0.02, metadata={"help": "Integral gain of the target controller (coefficient per nat per step)."}
     )
     clip_cov_ratio: float = field(
         default=0.0002, metadata={"help": "Clip-Cov: fraction of completion tokens whose gradient is detached."}

@@ -29,8 +29,8 @@ def entropy_bonus(entropies: torch.Tensor, mask: torch.Tensor, coef: torch.Tenso
 def entropy_advantages(advantages: torch.Tensor, entropies: torch.Tensor, mask: torch.Tensor, tau: float):
     """A_i + τ·H_i with H_i the completion's mean token entropy, detached: the entropy-regularized relative reward.
 
-    A related shaping (with a clip at |A|/κ) is Cheng et al. 2025, arXiv:2506.14758, eq. 4. `advantages` is (B,) or
-    (B, T); returns the same shape.
+    A related shaping, with a clip at |A|/κ, is the entropy-based advantage of Cheng et al. 2025, arXiv:2506.14758.
+    `advantages` is (B,) or (B, T); returns the same shape.
     """
     bonus = tau * completion_entropy(entropies.detach(), mask)  # (B,)
     return advantages + (bonus if advantages.dim() == 1 else bonus[:, None]).to(advantages.dtype)
@@ -40,8 +40,9 @@ def token_covariance(logps: torch.Tensor, advantages: torch.Tensor, means: tuple
     """Per-token covariance term (log π_t − mean log π)·(A_t − mean A), (B, T) from `logps` (B, T) and `advantages`
     (B,) or (B, T), detached; `means` = (mean log-probability, mean advantage) over all valid tokens of all processes.
 
-    Cui et al. 2025, arXiv:2505.22617, eq. 11: the entropy change of a policy-gradient step follows the covariance
-    of log-probability and advantage, and these are its per-token terms.
+    Cui et al. 2025, arXiv:2505.22617 (entropy dynamics): the entropy change of a policy-gradient step follows the
+    covariance of log-probability and advantage, and these are its per-token terms, centred as in the reference
+    implementation (PRIME-RL/Entropy-Mechanism-of-RL, verl's `compute_policy_loss_clip_cov`).
     """
     if advantages.dim() == 1:
         advantages = advantages[:, None]
@@ -55,7 +56,7 @@ def clip_cov_mask(
     bounds: tuple[float, float],
     generator: torch.Generator,
 ) -> torch.Tensor:
-    """Clip-Cov's tokens (arXiv:2505.22617, Sec. 4.2, eq. 12): a random `ratio` of the valid tokens (at least one),
+    """Clip-Cov's tokens (arXiv:2505.22617, Clip-Cov): a random `ratio` of the valid tokens (at least one),
     drawn among the `candidates` (B, T) bool whose covariance `cov` (B, T) lies strictly inside `bounds` = (ω_low,
     ω_high). Returns a (B, T) bool mask of the tokens whose gradient is detached; the draw uses `generator` (CPU).
     """
@@ -70,7 +71,7 @@ def clip_cov_mask(
 
 
 def kl_cov_mask(cov: torch.Tensor, mask: torch.Tensor, ratio: float) -> torch.Tensor:
-    """KL-Cov's tokens (arXiv:2505.22617, Sec. 4.2, eq. 13): the top `ratio` of valid tokens (at least one) by
+    """KL-Cov's tokens (arXiv:2505.22617, KL-Cov): the top `ratio` of valid tokens (at least one) by
     covariance `cov` (B, T) among `mask` (B, T). Returns a (B, T) bool mask of the tokens that get the penalty."""
     valid = mask.bool()
     count = min(max(int(ratio * int(valid.sum())), 1), int(valid.sum()))
@@ -82,8 +83,9 @@ def kl_cov_mask(cov: torch.Tensor, mask: torch.Tensor, ratio: float) -> torch.Te
 
 
 def kl_cov_penalty(logps: torch.Tensor, old_logps: torch.Tensor, chosen: torch.Tensor, mask: torch.Tensor, coef):
-    """β·Σ_chosen |log π − log π_old| / Σ mask: KL-Cov's penalty as a token mean over the valid tokens (eq. 13; the
-    reference implementation's token-mean aggregation). Scalar with the gradient of `logps` (B, T).
+    """β·Σ_chosen |log π − log π_old| / Σ mask: KL-Cov's penalty as a token mean over the valid tokens
+    (arXiv:2505.22617, KL-Cov, with the reference implementation's token-mean aggregation). Scalar with the gradient
+    of `logps` (B, T).
 
     The gradient is zero while the policy has not moved since generation (log π = log π_old), so the penalty acts
     from the second pass over a generation batch on (`num_iterations > 1`, or `steps_per_generation` >
@@ -99,8 +101,8 @@ class EntropyPI:
     For each key every optimizer step, with e = target − H (nats; positive when entropy is too low):
         I ← I + e   (only while the output is not saturated in the direction of e: anti-windup by clamping)
         c = clip(k_p·e + k_i·I, c_min, c_max)
-    The PI law and clamping anti-windup are the textbook ones (Åström & Murray, *Feedback Systems*, 2nd ed., Sec. 11.3,
-    eq. 11.12 and "integrator windup"). The bonus −c·H enters the loss (TRL's objective L = L_policy − c·H), so a
+    The PI law and clamping anti-windup are the textbook ones (Åström & Murray, *Feedback Systems*, 2nd ed., ch. 11,
+    PID control and integrator windup). The bonus −c·H enters the loss (TRL's objective L = L_policy − c·H), so a
     larger c raises entropy. A key with no measurement in a step keeps its state. A new key (a policy group made by
     a merge "a+b" or split "a/lo", "a/hi") starts from the mean state of the keys its name is made of, else of all.
     """

@@ -80,14 +80,15 @@ def build_tiny_model(vocab_size: int, seed: int = 0) -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(config)
 
 
-def save_tiny_model(output_dir: str | os.PathLike, seed: int = 0) -> Path:
-    """Write the tiny model and its tokenizer to `output_dir` as a Hugging Face folder; return the folder.
+def save_tiny_model(output_dir: str | os.PathLike, seed: int = 0, vocab_size: int = 512) -> Path:
+    """Write the tiny model and its tokenizer (`vocab_size` tokens) to `output_dir` as a Hugging Face folder; return
+    the folder.
 
     The folder loads with `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained` and as
     `model_name_or_path` of any TRL config. The same `seed` gives the same weights.
     """
     output_dir = Path(output_dir)
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = build_tiny_tokenizer(vocab_size)
     model = build_tiny_model(len(tokenizer), seed=seed)
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")

@@ -11,6 +11,7 @@ from trl.trainer.utils import get_config_model_id
 
 from .config import GRPOConfig, TRLGRPOConfig, policy_grouping_requested
 from .entropy_hooks import EntropyRegHooks
+from .grad_reg_hooks import GradRegHooks
 from .policy_group_hooks import PolicyGroupHooks, check_policy_group_setup, with_row_column
 from .resume import (
     EpochSeededSampler,
@@ -52,7 +53,7 @@ class _GRPOLoopState:
         trainer._resumed_loss = (state["pending_loss"], state["last_logged_step"])
 
 
-class GRPOTrainer(EntropyRegHooks, PolicyGroupHooks, TRLGRPOTrainer):
+class GRPOTrainer(EntropyRegHooks, GradRegHooks, PolicyGroupHooks, TRLGRPOTrainer):
     """
     Drop-in replacement for [`trl.GRPOTrainer`]: same constructor, same reward function forms, `peft_config`,
     callbacks and loggers.
@@ -73,9 +74,13 @@ class GRPOTrainer(EntropyRegHooks, PolicyGroupHooks, TRLGRPOTrainer):
     them to the advantages and to which prompts are generated for. It adds a `policy_group_row` column (the row
     index) to the training dataset, which reward functions receive among their keyword arguments.
 
+    Adaptive gradient regularization (off unless `GRPOConfig.grad_reg` or `kl_target` is set; `grad_reg_hooks`):
+    ZClip and AGC where the Trainer clips gradients, a guard that skips non-finite steps (`self.grad_reg_state`
+    counts them; `NonFiniteGradientError` after `grad_reg_max_skips` in a row), and an adaptive KL coefficient β.
+
     Raises:
         ValueError: policy grouping with an iterable or missing training dataset, or with a missing column (the
-            message lists the dataset's columns).
+            message lists the dataset's columns); `grad_reg` with `agc` under DeepSpeed or FSDP.
 
     `args` may be TRL's `GRPOConfig` or a subclass of it (a script that swapped only the trainer import): the object
     is kept, and this package's settings are added to it at their defaults. With `args=None` the default output
@@ -107,6 +112,7 @@ class GRPOTrainer(EntropyRegHooks, PolicyGroupHooks, TRLGRPOTrainer):
         self.policy_group_fn = policy_group_fn
         self.policy_groups = self._build_policy_groups() if grouping else None
         self._init_entropy_reg()
+        self._init_grad_reg()
 
     def resumable_state(self) -> dict:
         """Objects with `state_dict()` / `load_state_dict()` saved in every checkpoint and restored on resume, by
@@ -116,6 +122,8 @@ class GRPOTrainer(EntropyRegHooks, PolicyGroupHooks, TRLGRPOTrainer):
             state["policy_groups"] = self.policy_groups
         if self.entropy_reg_state is not None:
             state["entropy_reg"] = self.entropy_reg_state
+        if self.grad_reg_state is not None:
+            state["grad_reg"] = self.grad_reg_state
         return state
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *more, **kwargs):

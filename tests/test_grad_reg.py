@@ -1,0 +1,399 @@
+"""Adaptive gradient regularization: ZClip, AGC and adaptive KL against hand-computed values; the trainer's clip,
+non-finite guard, resume, config checks, LoRA and the DeepSpeed path (with a stand-in engine)."""
+
+import copy
+import math
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+from accelerate.utils import DistributedType
+from datasets import Dataset
+from peft import LoraConfig
+from torch.testing import assert_close
+from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback
+
+from tests.conftest import length_reward, small_grpo_kwargs
+from tests.resume_check import check_resume
+from trl_grpo_ext import GRPOConfig, GRPOTrainer
+from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows
+from trl_grpo_ext.grad_reg import (
+    AdaptiveKL,
+    ZClip,
+    adaptive_clip_,
+    agc_applies,
+    per_token_kl,
+    unitwise_norm,
+)
+from trl_grpo_ext.grad_reg_hooks import GradRegHooks, NonFiniteGradientError
+from trl_grpo_ext.resume import checkpoint_problem
+
+# --- pure functions -------------------------------------------------------------------------------------------------
+
+
+def test_zclip_by_hand():
+    zclip = ZClip(alpha=0.5, z_threshold=2.0, warmup_steps=4)
+    # warm-up: norms are only collected; the 4th sets mean (1+3+1+3)/4 = 2 and population variance (1+1+1+1)/4 = 1
+    assert [zclip.step(g) for g in (1.0, 3.0, 1.0)] == [(None, None)] * 3 and not zclip.warmed_up
+    assert zclip.step(3.0) == (None, None) and (zclip.mean, zclip.var) == (2.0, 1.0)
+    assert_close(zclip.spike_threshold(), 4.0)  # mean + z_thr * std = 2 + 2 * 1
+    # g = 2.5: z = 0.5 / (1 + 1e-6) <= 2, not clipped; mean = 0.5*2 + 0.5*2.5 = 2.25,
+    # var = 0.5*1 + 0.5*(2.5 - 2.25)^2 = 0.53125
+    clip, z = zclip.step(2.5)
+    assert clip is None
+    assert_close(z, 0.5, rtol=1e-5, atol=0)
+    assert_close((zclip.mean, zclip.var), (2.25, 0.53125))
+    # g = 10: std = sqrt(0.53125) = 0.728869, z = 7.75 / std = 10.6330 > 2 -> clip value
+    # mean + z_thr^2 * std / z = 2.25 + 4 * 0.53125 / 7.75 = 2.25 + 0.274194 = 2.524194 (the caller clips to
+    # min(2.524194, max_grad_norm)); the EMA takes the clip value, not 10: mean = 0.5*2.25 + 0.5*2.524194 = 2.387097,
+    # var = 0.5*0.53125 + 0.5*(2.524194 - 2.387097)^2 = 0.265625 + 0.5*0.018796 = 0.275023
+    clip, z = zclip.step(10.0)
+    assert_close(z, 7.75 / math.sqrt(0.53125), rtol=1e-5, atol=0)
+    assert_close(clip, 2.25 + 4 * 0.53125 / 7.75, rtol=1e-5, atol=0)
+    assert_close((zclip.mean, zclip.var), (2.387097, 0.275023), rtol=1e-5, atol=0)
+    # the state is plain Python numbers and comes back exactly
+    restored = ZClip(alpha=0.5, z_threshold=2.0, warmup_steps=4)
+    restored.load_state_dict(copy.deepcopy(zclip.state_dict()))
+    assert restored.step(3.0) == zclip.step(3.0)
+
+
+def test_unitwise_norm_shapes():
+    assert unitwise_norm(torch.tensor([3.0, 4.0])).shape == ()  # a vector is one unit: norm 5
+    assert_close(unitwise_norm(torch.tensor([3.0, 4.0])), torch.tensor(5.0))
+    assert unitwise_norm(torch.ones(4, 2, 3, 3)).shape == (4, 1, 1, 1)  # conv: one unit per output channel
+    assert_close(unitwise_norm(torch.ones(4, 2, 3, 3)).flatten(), torch.full((4,), math.sqrt(18.0)))
+
+
+def test_agc_by_hand():
+    # lambda 0.05, eps 1e-3
+    weight = torch.nn.Parameter(torch.tensor([[3.0, 4.0, 0.0], [0.0, 0.0, 2.0]]))
+    weight.grad = torch.tensor([[0.3, 0.0, 0.4], [0.03, 0.04, 0.0]])
+    zero_init = torch.nn.Parameter(torch.zeros(2))  # zero weights: the bound is lambda * eps = 5e-5
+    zero_init.grad = torch.tensor([6e-5, 8e-5])
+    no_grad = torch.nn.Parameter(torch.ones(3))
+    clipped, units = adaptive_clip_([weight, zero_init, no_grad], clip=0.05, eps=1e-3)
+    # row 0: |W| = 5, bound 0.25, |G| = 0.5 > 0.25 -> G * 0.25/0.5 = [0.15, 0, 0.2]
+    # row 1: |W| = 2, bound 0.1, |G| = 0.05 <= 0.1 -> unchanged
+    assert_close(weight.grad, torch.tensor([[0.15, 0.0, 0.2], [0.03, 0.04, 0.0]]))
+    # zero-initialized vector: |G| = 1e-4 > 5e-5 -> G * 0.5
+    assert_close(zero_init.grad, torch.tensor([3e-5, 4e-5]))
+    assert no_grad.grad is None
+    assert (clipped, units) == (2, 3)
+
+
+def test_agc_exempts_zero_initialized_lora_factors():
+    assert not agc_applies("base_model.model.model.layers.0.self_attn.q_proj.lora_B.default.weight")
+    assert not agc_applies("base_model.model.model.embed_tokens.lora_embedding_A.default")
+    assert agc_applies("base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight")
+    assert agc_applies("model.layers.0.mlp.up_proj.weight")
+
+
+def test_adaptive_kl_by_hand():
+    kl = AdaptiveKL(beta=0.1, target=0.02, horizon=100)
+    # KL 0.03: 0.03/0.02 - 1 = 0.5, clipped to 0.2; n = 10: beta = 0.1 * (1 + 0.2 * 10/100) = 0.102
+    assert_close(kl.update(0.03, 10), 0.102)
+    # KL 0.019: 0.95 - 1 = -0.05; beta = 0.102 * (1 - 0.05 * 0.1) = 0.102 * 0.995 = 0.10149
+    assert_close(kl.update(0.019, 10), 0.10149)
+    # a NaN KL (a skipped step) leaves beta alone
+    assert_close(kl.update(math.nan, 10), 0.10149)
+    # KL 0 with n = 1000: error clipped to -0.2, 1 - 0.2 * 10 = -1 -> beta held at 1e-8, still > 0
+    assert_close(kl.update(0.0, 1000), 1e-8)
+    # from there a high KL raises it: 1e-8 * (1 + 0.2 * 1) = 1.2e-8
+    assert_close(kl.update(1.0, 100), 1.2e-8)
+    assert kl.state_dict() == {"beta": kl.beta}
+
+
+def test_per_token_kl_by_hand():
+    # r = ref - logp: 0 -> e^0 - 0 - 1 = 0; 1 -> e - 2 = 0.718282; -1 -> e^-1 + 1 - 1 = 0.367879
+    logps, ref = torch.tensor([[0.0, -1.0, -1.0]]), torch.tensor([[0.0, 0.0, -2.0]])
+    assert_close(per_token_kl(logps, ref), torch.tensor([[0.0, math.e - 2, math.exp(-1)]]))
+
+
+# --- config ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({"grad_reg": ["zclip", "clipnorm"]}, "grad_reg entries must be among ['zclip', 'agc', 'skip_nonfinite'], got "
+                                              "'clipnorm'"),
+        ({"grad_reg": "zclip,zclip"}, "grad_reg lists a mode twice: ['zclip', 'zclip']"),
+        ({"grad_reg": ["agc"], "max_grad_norm": 0.0}, "needs max_grad_norm > 0, got 0.0"),
+        ({"zclip_alpha": 1.0}, "zclip_alpha must be in (0, 1), got 1.0"),
+        ({"zclip_z_threshold": 0.0}, "zclip_z_threshold must be > 0, got 0.0"),
+        ({"zclip_warmup_steps": 0}, "zclip_warmup_steps must be > 0, got 0"),
+        ({"agc_clip": -0.01}, "agc_clip must be > 0, got -0.01"),
+        ({"agc_eps": 0.0}, "agc_eps must be > 0, got 0.0"),
+        ({"grad_reg_max_skips": 0}, "grad_reg_max_skips must be > 0, got 0"),
+        ({"kl_horizon": 0}, "kl_horizon must be > 0, got 0"),
+        ({"kl_target": -0.1}, "kl_target must be > 0, got -0.1"),
+        ({"kl_target": 0.01, "beta": 0.0}, "kl_target (0.01) adapts beta multiplicatively: it needs beta > 0"),
+    ],
+)  # fmt: skip
+def test_config_rejects_bad_grad_reg_values(tmp_path, overrides, expected):
+    with pytest.raises(ValueError) as error:
+        GRPOConfig(**small_grpo_kwargs(tmp_path, **overrides))
+    assert expected in str(error.value)
+
+
+def test_config_reads_a_comma_separated_list(tmp_path):
+    assert GRPOConfig(**small_grpo_kwargs(tmp_path, grad_reg="zclip, agc")).grad_reg == ["zclip", "agc"]
+
+
+# --- training runs --------------------------------------------------------------------------------------------------
+
+
+class _TamperedTrainer(GRPOTrainer):
+    """Multiplies every accumulated gradient by `factors[global_step]` after the step's last backward, before the
+    Trainer clips: a gradient spike (1e4) or a NaN gradient (nan) on chosen optimizer steps."""
+
+    factors: dict[int, float] = {}
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        factor = self.factors.get(self.state.global_step)
+        if factor is not None and self.accelerator.sync_gradients:
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(factor)
+        return loss
+
+
+class _Recorder(TrainerCallback):
+    """Per optimizer step: the norm of the gradients the optimizer is about to apply (after clipping); and copies of
+    the parameters and optimizer state at the start and end of `watch_step`."""
+
+    def __init__(self, watch_step: int | None = None):
+        self.applied_norms, self.watch_step, self.snapshots = [], watch_step, {}
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        self.applied_norms.append(torch.nn.utils.get_total_norm(grads).item() if grads else None)
+
+    def _snapshot(self, name, model, optimizer):
+        params = {n: p.detach().clone() for n, p in model.named_parameters()}
+        self.snapshots[name] = (params, copy.deepcopy(optimizer.state_dict()))
+
+    def on_step_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        if state.global_step == self.watch_step:
+            self._snapshot("before", model, optimizer)
+
+    def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+        if self.watch_step is not None and state.global_step == self.watch_step + 1:
+            self._snapshot("after", model, optimizer)
+
+
+def _trainer(tmp_path, model_dir, trainer_cls=GRPOTrainer, factors=None, peft_config=None, **overrides):
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, **overrides))
+    trainer = trainer_cls(
+        model=model_dir,
+        reward_funcs=[length_reward],
+        args=args,
+        train_dataset=Dataset.from_list(to_grpo_rows(synthetic_gsm8k(16))),
+        peft_config=peft_config,
+    )
+    trainer.factors = factors or {}
+    trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+def _rows(trainer, key):
+    return [row for row in trainer.state.log_history if key in row]
+
+
+def test_zclip_bounds_a_gradient_spike(tiny_model_dir, tmp_path):
+    """The step whose gradients are multiplied by 1e4 is applied with norm exactly ZClip's bound, far below
+    max_grad_norm; every threshold is what ZClip gives for the logged pre-clip norms."""
+    trainer = _trainer(
+        tmp_path, tiny_model_dir, _TamperedTrainer, factors={3: 1e4}, grad_reg=["zclip"], zclip_warmup_steps=2,
+        max_steps=4, max_grad_norm=5.0,
+    )  # fmt: skip
+    recorder = _Recorder()
+    trainer.add_callback(recorder)
+    trainer.train()
+
+    rows = _rows(trainer, "grad_reg/threshold")
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+    norms = [row["grad_norm"] for row in rows]
+    assert norms[3] > 100 * max(norms[:3])  # the spike
+    # replay ZClip on the logged pre-clip norms: thresholds min(clip value, max_grad_norm), else max_grad_norm
+    replay = ZClip(0.97, 2.5, 2)
+    expected, expected_z = [], []
+    for norm in norms:
+        clip, z = replay.step(norm)
+        expected.append(5.0 if clip is None else min(clip, 5.0))
+        expected_z += [] if z is None else [z]
+    assert_close([row["grad_reg/threshold"] for row in rows], expected)
+    assert_close([row["grad_reg/z"] for row in rows if "grad_reg/z" in row], expected_z)
+    spike = rows[3]
+    assert spike["grad_reg/clipped"] == 1.0 and spike["grad_reg/z"] > 2.5
+    assert spike["grad_reg/threshold"] < 2 * max(norms[:3]) < 5.0  # near the usual norms, well below max_grad_norm
+    # the update applied at the spike has norm == the bound (torch's clip: bound / (norm + 1e-6) * norm)
+    assert_close(recorder.applied_norms[3], spike["grad_reg/threshold"], rtol=1e-4, atol=0)
+    assert all(applied <= 5.0 for applied in recorder.applied_norms)
+
+
+def test_nonfinite_step_is_skipped_and_training_goes_on(tiny_model_dir, tmp_path):
+    trainer = _trainer(
+        tmp_path, tiny_model_dir, _TamperedTrainer, factors={1: math.nan}, grad_reg=["skip_nonfinite"],
+        lr_scheduler_type="constant",
+    )  # fmt: skip
+    recorder = _Recorder(watch_step=1)
+    trainer.add_callback(recorder)
+    trainer.train()
+
+    assert trainer.state.global_step == 3
+    (params_before, optim_before), (params_after, optim_after) = (
+        recorder.snapshots["before"],
+        recorder.snapshots["after"],
+    )
+    assert optim_before["state"], "AdamW has state from step 1, so 'unchanged' is not vacuous"
+    assert_close(params_after, params_before, rtol=0, atol=0)
+    assert_close(optim_after["state"], optim_before["state"], rtol=0, atol=0)
+    assert optim_after["param_groups"] == optim_before["param_groups"]
+    assert recorder.applied_norms[1] is None  # no gradient reached the optimizer
+    logs = {row["step"]: row for row in _rows(trainer, "grad_reg/skipped_steps")}
+    assert [logs[s]["grad_reg/skipped_steps"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
+    assert math.isnan(logs[2]["grad_norm"]) and math.isfinite(logs[3]["grad_norm"])
+    final = dict(trainer.model.named_parameters())
+    assert any(not torch.equal(final[n].detach(), params_after[n]) for n in params_after)  # step 3 trained
+
+
+def test_consecutive_nonfinite_steps_save_and_stop(tiny_model_dir, tmp_path):
+    trainer = _trainer(
+        tmp_path, tiny_model_dir, _TamperedTrainer, factors=dict.fromkeys(range(5), math.nan),
+        grad_reg=["zclip", "agc"], grad_reg_max_skips=2, max_steps=5,
+    )  # fmt: skip
+    initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    with pytest.raises(NonFiniteGradientError, match=r"grad_reg_max_skips=2\).*global step 1"):
+        trainer.train()
+    checkpoint = tmp_path / "checkpoint-1"
+    assert trainer.state.global_step == 1 and checkpoint_problem(str(checkpoint)) is None
+    saved = AutoModelForCausalLM.from_pretrained(checkpoint)
+    assert_close(dict(saved.named_parameters()), initial, rtol=0, atol=0)  # never updated
+    assert trainer.grad_reg_state.skipped == 2
+
+    # a complete checkpoint of this step exists already: no second save, the same error
+    saves = []
+    trainer._save_checkpoint = lambda model, trial: saves.append(trial)
+    trainer.grad_reg_state.consecutive_skips = 1
+    with pytest.raises(NonFiniteGradientError):
+        trainer._count_skip(trainer.model, math.nan)
+    assert saves == []
+
+
+def test_skip_nonfinite_alone_clips_as_stock(tiny_model_dir, tmp_path):
+    """With finite gradients, `skip_nonfinite` clips at max_grad_norm exactly as the Trainer does."""
+    stock = _trainer(tmp_path / "stock", tiny_model_dir, max_steps=2, max_grad_norm=0.05)
+    stock.train()  # trained before the second trainer is built: building one seeds the RNG that sampling uses
+    guarded = _trainer(
+        tmp_path / "guarded", tiny_model_dir, max_steps=2, max_grad_norm=0.05, grad_reg="skip_nonfinite"
+    )
+    guarded.train()
+    assert all(row["grad_reg/clipped"] == 1.0 for row in _rows(guarded, "grad_reg/clipped"))  # clipping happened
+    keys = ("loss", "grad_norm", "reward", "entropy")
+    assert [[r[k] for k in keys] for r in _rows(stock, "loss")] == [
+        [r[k] for k in keys] for r in _rows(guarded, "loss")
+    ]
+    for (name, a), (_, b) in zip(stock.model.named_parameters(), guarded.model.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_resume_is_exact(tiny_model_dir, tmp_path):
+    config = {
+        "grad_reg": ["zclip", "agc"],
+        "zclip_warmup_steps": 2,
+        "beta": 0.04,
+        "kl_target": 0.01,
+        "kl_horizon": 100,
+    }
+    assert check_resume(config, tmp_path, tiny_model_dir) <= 1e-6
+
+
+def test_lora_trains_with_zclip_agc_and_adaptive_kl(tiny_model_dir, tmp_path):
+    """Zero-initialized lora_B is left to the global clip (AGC would hold each of its rows at λ·ε = 1e-5), and β
+    follows Ziegler et al.'s rule on the KL TRL logs."""
+    trainer = _trainer(
+        tmp_path, tiny_model_dir, grad_reg=["zclip", "agc"], zclip_warmup_steps=1, max_steps=3, learning_rate=5e-2,
+        beta=0.04, kl_target=0.01, kl_horizon=100, peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+    )  # fmt: skip
+    lora_b_rows = []
+
+    class LoraBGrads(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            grads = [p.grad for n, p in model.named_parameters() if "lora_B" in n and p.grad is not None]
+            lora_b_rows.append(max(unitwise_norm(g).max().item() for g in grads))
+
+    trainer.add_callback(LoraBGrads())
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    changed = {n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])}
+    assert changed and all("lora_" in n for n in changed)
+    assert any("lora_B" in n for n in changed)
+    assert lora_b_rows[0] > 10 * 0.01 * 1e-3  # not AGC-clipped at the first step, while lora_B is still zero
+    fractions = [row["grad_reg/agc_clipped_frac"] for row in _rows(trainer, "grad_reg/agc_clipped_frac")]
+    assert len(fractions) == 3 and all(0.0 <= f <= 1.0 for f in fractions)
+    # adaptive KL, 8 completions a step: step 1's policy is the reference (KL 0): error clip(0/0.01 - 1) = -0.2,
+    # beta = 0.04 * (1 - 0.2 * 8/100) = 0.03936; step 3's beta follows from step 2's KL the same way
+    rows = _rows(trainer, "kl_coef")
+    kl = [row["kl"] for row in rows]
+    assert kl[0] == 0.0 and kl[1] > 0.0
+    error = min(max(kl[1] / 0.01 - 1, -0.2), 0.2)
+    expected = [0.04, 0.03936, 0.03936 * (1 + error * 8 / 100)]
+    assert_close([row["kl_coef"] for row in rows], expected, rtol=1e-6, atol=0)
+    assert_close(trainer.beta, expected[2] * (1 + min(max(kl[2] / 0.01 - 1, -0.2), 0.2) * 8 / 100), rtol=1e-6, atol=0)
+
+
+# --- DeepSpeed ZeRO-1/2 path, with a stand-in for the engine (DeepSpeed is not installed here) ----------------------
+
+
+class _StockTrainer:
+    """What GradRegHooks calls through `super()` under DeepSpeed: DeepSpeed has taken the step; `_clip_grad_norm`
+    reports the norm it saw."""
+
+    def __init__(self, norms):
+        self.norms = list(norms)
+        self.steps = 0
+
+    def _clip_grad_norm(self, model):
+        return self.norms.pop(0)
+
+    def training_step(self, model, *args, **kwargs):
+        self.steps += 1
+
+
+class _DeepSpeedTrainer(GradRegHooks, _StockTrainer):
+    def __init__(self, norms, grad_reg):
+        super().__init__(norms)
+        config = GRPOConfig(
+            **small_grpo_kwargs("unused", grad_reg=grad_reg, zclip_warmup_steps=2, zclip_z_threshold=2.0)
+        )
+        self.args = config
+        self.accelerator = SimpleNamespace(distributed_type=DistributedType.DEEPSPEED)
+        self.deepspeed = SimpleNamespace(optimizer=SimpleNamespace(clip_grad=1.0))
+        self.state = SimpleNamespace(global_step=0)
+        self._metrics = defaultdict(lambda: defaultdict(list))
+        self._init_grad_reg()
+
+
+def test_deepspeed_path_sets_the_clip_before_each_step():
+    trainer = _DeepSpeedTrainer([0.1, 0.3, 0.9, math.inf], ["zclip"])
+    applied = []
+    for _ in range(4):
+        trainer.training_step(None)
+        applied.append(trainer.deepspeed.optimizer.clip_grad)
+        trainer._clip_grad_norm(None)
+    # warm-up (2 norms): max_grad_norm 1.0; then mean 0.2, std 0.1: 0.2 + 2 * 0.1 = 0.4; the norm 0.9 has z = 7 > 2,
+    # clip value 0.2 + 4 * 0.01 / 0.7 = 0.257143 -> mean 0.97*0.2 + 0.03*0.257143 = 0.201714, so the next bound is
+    # 0.201714 + 2 * sqrt(0.97*0.01 + 0.03*(0.257143 - 0.201714)^2) = 0.201714 + 2 * sqrt(0.009792) = 0.399625
+    assert_close(applied, [1.0, 1.0, 0.4, 0.399625], rtol=1e-5, atol=0)
+    metrics = trainer._metrics["train"]
+    assert metrics["grad_reg/clipped"] == [0.0, 0.0, 1.0]
+    assert_close(metrics["grad_reg/z"], [7.0], rtol=1e-5, atol=0)
+    assert trainer.grad_reg_state.skipped == 1 and metrics["grad_reg/skipped_steps"][-1] == 1.0  # the inf norm
+
+
+def test_agc_is_refused_under_deepspeed():
+    with pytest.raises(ValueError, match="'agc' clips each row of each weight"):
+        _DeepSpeedTrainer([], ["zclip", "agc"])
