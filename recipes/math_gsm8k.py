@@ -2,7 +2,7 @@
 
 Launch (any `GRPOConfig`, `ModelConfig` or script field can be overridden on the command line):
 
-    accelerate launch recipes/math_gsm8k.py --config recipes/configs/qwen2.5-1.5b-lora-24gb.yaml
+    accelerate launch recipes/math_gsm8k.py --config recipes/configs/gsm8k-24gb.yaml   # or gsm8k-{8,12,16}gb.yaml
     python recipes/math_gsm8k.py --config recipes/configs/demo_cpu.yaml            # CPU demo, no download
     python recipes/math_gsm8k.py --config recipes/configs/demo_cpu.yaml --dataset_path ../shared/data/gsm8k
 
@@ -21,10 +21,11 @@ from transformers import PrinterCallback, ProgressCallback
 from trl import ModelConfig, TrlParser, get_peft_config, get_quantization_config
 from trl.rewards import get_soft_overlong_punishment
 
-from trl_grpo_ext import GRPOConfig, GRPOTrainer
+from trl_grpo_ext import GRPOConfig, GRPOTrainer, memory
 from trl_grpo_ext.callbacks import MetricsTableCallback
 from trl_grpo_ext.data import load_gsm8k, synthetic_gsm8k, to_grpo_rows
 from trl_grpo_ext.evaluation import evaluate_gsm8k, format_table, write_results
+from trl_grpo_ext.requirements import check_optional_dependencies, deepspeed_requested
 from trl_grpo_ext.rewards import REWARD_FUNCS
 from trl_grpo_ext.tiny_model import save_tiny_model
 
@@ -69,7 +70,8 @@ class GSM8KScriptArguments:
 
 
 def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_args: ModelConfig) -> dict:
-    # Everything that can be checked is checked before a model is built or loaded: reward names, then data.
+    # Everything that can be checked is checked before a model is built or loaded: packages, reward names, then data.
+    check_optional_dependencies(use_vllm=training_args.use_vllm)
     reward_registry = {
         **REWARD_FUNCS,
         "soft_overlong_punishment": get_soft_overlong_punishment(
@@ -101,7 +103,9 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
         if script_args.eval_limit > 0:
             eval_dataset = load_gsm8k("test", script_args.dataset_path, limit=script_args.eval_limit)
 
-    # Model: a local tiny one for the demo and tests, else model_name_or_path (Hub id or folder).
+    # Model: a local tiny one for the demo and tests, else model_name_or_path (Hub id or folder). On a GPU, a warning
+    # first if the run is estimated not to fit the card (`trl-grpo-ext memory --config ...` prints the breakdown).
+    memory.warn_if_too_big(model_args, training_args, None if training_args.use_cpu else memory.cuda_card_gib())
     if script_args.tiny_model:
         tiny_dir = Path(training_args.output_dir).resolve() / "tiny-model"  # absolute: adapters record this path
         with training_args.main_process_first(desc="build tiny model"):
@@ -154,4 +158,6 @@ def make_parser() -> TrlParser:
 
 
 if __name__ == "__main__":
+    # Before parsing: TrainingArguments builds its DeepSpeed plugin while parsing, and fails deep inside without it.
+    check_optional_dependencies(deepspeed=deepspeed_requested(sys.argv[1:]))
     main(*make_parser().parse_args_and_config(sys.argv[1:]))

@@ -24,7 +24,7 @@ def load_recipe(name: str):
 
 
 def test_there_are_configs():
-    assert {p.name for p in CONFIGS} >= {"demo_cpu.yaml", "qwen2.5-1.5b-lora-24gb.yaml"}
+    assert {p.name for p in CONFIGS} >= {"demo_cpu.yaml", *(f"gsm8k-{gb}gb.yaml" for gb in (8, 12, 16, 24))}
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[p.stem for p in CONFIGS])

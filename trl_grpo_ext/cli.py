@@ -2,6 +2,7 @@
 
     trl-grpo-ext grpo [TRL grpo arguments] [--config file.yaml]   # TRL's `trl grpo` script on trl_grpo_ext's classes
     trl-grpo-ext tiny-model OUTPUT_DIR [--seed N]                  # a tiny random-init Qwen2 model, no download
+    trl-grpo-ext memory --config file.yaml [--card-gib 8]          # estimated peak GPU memory, term by term
 
 `grpo` takes every argument of TRL's `trl grpo` (script arguments, `GRPOConfig` with this package's fields, and
 `ModelConfig`); for several processes run it as `accelerate launch -m trl_grpo_ext.cli grpo ...`.
@@ -37,7 +38,46 @@ def _tiny_model(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"grpo": _grpo, "tiny-model": _tiny_model}
+def _memory(argv: list[str]) -> int:
+    from . import memory
+
+    parser = argparse.ArgumentParser(
+        prog="trl-grpo-ext memory",
+        description="Estimated peak GPU memory of a recipe config, term by term (trl_grpo_ext.memory); no download. "
+        "Any other --field value pair overrides the config. Exit code 1 when the peak is above 90%% of --card-gib.",
+    )
+    parser.add_argument("--config", required=True, help="recipe YAML (GRPOConfig and ModelConfig fields)")
+    parser.add_argument("--card-gib", type=float, help="the card's memory in GiB: says whether the run fits")
+    parser.add_argument(
+        "--prompt-length", type=int, default=memory.DEFAULT_PROMPT_LENGTH, help="longest prompt in a batch, tokens"
+    )
+    parser.add_argument("--model-config", help="the model's config.json (default: known models, local folders)")
+    args, overrides = parser.parse_known_args(argv)
+    try:
+        training_args, model_args = memory.load_config(args.config, *overrides)
+        if not (args.model_config or model_args.model_name_or_path):
+            raise ValueError(f"{args.config} sets no model_name_or_path: pass --model-config with a config.json")
+        model_config = memory.architecture_config(args.model_config or model_args.model_name_or_path)
+        result = memory.estimate_for(
+            model_config, training_args, model_args, prompt_length=args.prompt_length, card_gib=args.card_gib
+        )
+    except ValueError as error:
+        parser.error(str(error))
+    method = "full fine-tuning"
+    if model_args.use_peft:
+        method = f"{'QLoRA (NF4)' if model_args.load_in_4bit else 'LoRA (bf16)'} rank {model_args.lora_r}"
+    print(
+        f"{args.model_config or model_args.model_name_or_path}, {method}: {training_args.per_device_train_batch_size} "
+        f"completions per micro-batch, {training_args.generation_batch_size} generated at once, prompt <= "
+        f"{args.prompt_length} + "
+        f"completion {training_args.max_completion_length} tokens, gradient checkpointing "
+        f"{'on' if training_args.gradient_checkpointing else 'off'}\n"
+    )
+    print(result.as_table(args.card_gib))
+    return 1 if args.card_gib is not None and memory.fit_warning(result, args.card_gib) else 0
+
+
+COMMANDS = {"grpo": _grpo, "tiny-model": _tiny_model, "memory": _memory}
 
 
 def main(argv: list[str] | None = None) -> int:

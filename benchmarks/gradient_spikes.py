@@ -1,0 +1,112 @@
+"""Gradient spikes every 50 steps, with and without ZClip (issue #5's second benchmark).
+
+    python benchmarks/gradient_spikes.py [--max_steps 200] [--seeds 0 1 2] [--factor 1000] [--json FILE]
+
+The task of `entropy_collapse.py` (tiny model, 8-token completions rewarded by their fraction of digits). At every
+50th optimizer step the gradient of every parameter is multiplied by `--factor` during the backward pass, before the
+Trainer clips it: a crafted large-gradient batch. Two runs per seed:
+    trl         stock `trl.GRPOTrainer`, clipping at `max_grad_norm=1.0` (the default)
+    ours_zclip  `grad_reg=["zclip"]` (α 0.97, z_thr 2.5, 25 warm-up steps), same `max_grad_norm`
+Per step it records the norm of the parameter update the optimizer applied (‖θ_after − θ_before‖). Pass criteria:
+with ZClip the largest update is <= 3x the median update, and the final reward (mean of the last 10 steps) is >= TRL's.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import trl
+from datasets import Dataset
+from transformers import PrinterCallback, TrainerCallback
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.entropy_collapse import digit_reward  # noqa: E402
+from trl_grpo_ext import GRPOConfig, GRPOTrainer  # noqa: E402
+from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows  # noqa: E402
+from trl_grpo_ext.tiny_model import save_tiny_model  # noqa: E402
+
+SPIKE_EVERY = 50
+
+
+class SpikeAndMeasure(TrainerCallback):
+    """Multiplies every gradient by `factor` in each SPIKE_EVERY-th step's backward, and records update norms."""
+
+    def __init__(self, model, factor: float):
+        self.factor, self.spiking, self.updates, self.before = factor, False, [], None
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        for p in self.params:
+            p.register_hook(lambda grad: grad * self.factor if self.spiking else grad)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.spiking = (state.global_step + 1) % SPIKE_EVERY == 0
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.before = torch.cat([p.detach().flatten().clone() for p in self.params])
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        after = torch.cat([p.detach().flatten() for p in self.params])
+        self.updates.append((after - self.before).norm().item())
+        self.spiking = False
+
+
+def run(ours: bool, model_dir: str, seed: int, max_steps: int, factor: float, output_dir: str) -> dict:
+    trainer_cls, config_cls = (GRPOTrainer, GRPOConfig) if ours else (trl.GRPOTrainer, trl.GRPOConfig)
+    extra = {"grad_reg": ["zclip"]} if ours else {}
+    args = config_cls(
+        output_dir=output_dir, per_device_train_batch_size=16, num_generations=8, max_completion_length=8,
+        learning_rate=3e-3, max_steps=max_steps, logging_steps=1, report_to="none", save_strategy="no", seed=seed,
+        use_cpu=True, bf16=False, disable_tqdm=True, max_grad_norm=1.0, **extra,
+    )  # fmt: skip
+    dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(256, seed=seed)))
+    trainer = trainer_cls(model_dir, digit_reward, args, dataset)
+    trainer.remove_callback(PrinterCallback)
+    spikes = SpikeAndMeasure(trainer.model, factor)
+    trainer.add_callback(spikes)
+    trainer.train()
+    rows = [row for row in trainer.state.log_history if "reward" in row]
+    updates = spikes.updates
+    return {
+        "updates": updates,
+        "grad_norm": [row["grad_norm"] for row in rows],
+        "reward": [row["reward"] for row in rows],
+        "max_update": max(updates),
+        "median_update": statistics.median(updates),
+        "max_over_median": max(updates) / statistics.median(updates),
+        "final_reward": statistics.mean(row["reward"] for row in rows[-10:]),
+        "spike_steps": [s for s in range(1, max_steps + 1) if s % SPIKE_EVERY == 0],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max_steps", type=int, default=200)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--factor", type=float, default=1000.0)
+    parser.add_argument("--json", default=None)
+    cli = parser.parse_args()
+    results = {"trl": {}, "ours_zclip": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = str(save_tiny_model(Path(tmp) / "model", vocab_size=1024))
+        for seed in cli.seeds:
+            for name, ours in (("trl", False), ("ours_zclip", True)):
+                result = run(ours, model_dir, seed, cli.max_steps, cli.factor, f"{tmp}/{name}")
+                results[name][seed] = result
+                spikes = [result["updates"][s - 1] for s in result["spike_steps"]]
+                print(f"{name:10s} seed {seed}: max update {result['max_update']:.4f} = "
+                      f"{result['max_over_median']:.2f}x median {result['median_update']:.4f}; updates at spikes "
+                      f"{', '.join(f'{u:.4f}' for u in spikes)}; final reward {result['final_reward']:.3f}",
+                      flush=True)  # fmt: skip
+    ours_ok = all(r["max_over_median"] <= 3 for r in results["ours_zclip"].values())
+    reward_ok = all(results["ours_zclip"][s]["final_reward"] >= results["trl"][s]["final_reward"] for s in cli.seeds)
+    print(f"ZClip: largest update <= 3x median on every seed: {ours_ok}; final reward >= TRL's on every seed: "
+          f"{reward_ok}")  # fmt: skip
+    if cli.json:
+        Path(cli.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,335 @@
+"""The memory estimator: hand-computed terms, how it scales, the saved tensors it models, the presets, the command."""
+
+import re
+
+import pytest
+import torch
+from transformers import Qwen2Config
+
+from tests.conftest import REPO_ROOT
+from trl_grpo_ext import GRPOConfig, cli, memory, requirements
+from trl_grpo_ext.memory import GIB, MemoryFitWarning
+
+PRESETS = sorted((REPO_ROOT / "recipes" / "configs").glob("gsm8k-*gb.yaml"))
+# h=64, I=128, 2 layers, 4 heads of 16, 2 kv heads, vocabulary 1000, tied embeddings
+SMALL = Qwen2Config(
+    vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, tie_word_embeddings=True,
+)  # fmt: skip
+
+
+def small_args(tmp_path, **overrides) -> GRPOConfig:
+    """b=2 completions per micro-batch, 8 generated at once (2 x 4 accumulation steps), completions of 8 tokens."""
+    kwargs = dict(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, per_device_train_batch_size=2, num_generations=2,
+        gradient_accumulation_steps=4, max_completion_length=8, optim="paged_adamw_8bit", report_to="none",
+    )  # fmt: skip
+    return GRPOConfig(**{**kwargs, **overrides})
+
+
+def small_estimate(tmp_path, args_overrides=None, **kwargs):
+    kwargs = {"prompt_length": 8, "lora_r": 4, "lora_target_modules": ["q_proj", "v_proj"], **kwargs}
+    return memory.estimate(SMALL, small_args(tmp_path, **(args_overrides or {})), **kwargs)
+
+
+def test_parameter_counts_and_weights_by_hand():
+    # Linear weights per layer: q 64·64 + k 64·32 + v 64·32 + o 64·64 + gate, up, down 3·64·128 = 36864; 2 layers.
+    # Other: embeddings 1000·64 = 64000 (tied: once) + per layer 2 norms (128), q/k/v biases (64+32+32); final norm.
+    assert memory.parameter_counts(SMALL) == (73728, 64000 + 2 * (128 + 128) + 64)
+    # LoRA r=4 on q (64 -> 64) and v (64 -> 32): 4·128 + 4·96 = 896 per layer, 1792 in all.
+    assert memory.lora_parameters(SMALL, 4, ("q_proj", "v_proj")) == 1792
+    # NF4 with double quantization: 4 + 8/64 + 32/(64·256) = 4.127 bits (QLoRA, arXiv:2305.14314, Sec. 3); 0.5 without.
+    assert memory.NF4_BITS[True] == pytest.approx(4.127, abs=1e-3) and memory.NF4_BITS[False] == 4.5
+
+
+def test_estimator_matches_hand_computed_terms(tmp_path):
+    """QLoRA r=4 on q_proj/v_proj, b=2, 8 generated at once, prompt 8 + completion 8 tokens, checkpointing on."""
+    est = small_estimate(tmp_path, load_in_4bit=True)
+    # Weights: 73728 linear weights · 4.126953125 / 8 = 38034 bytes + 64576 bf16 others · 2 = 129152.
+    assert est.weights * GIB == pytest.approx(38034 + 129152)
+    # Adapters and gradients: 1792 bf16 parameters (TRL casts QLoRA adapters to bf16) = 3584 bytes each.
+    assert est.adapters * GIB == pytest.approx(3584) and est.gradients * GIB == pytest.approx(3584)
+    # Paged 8-bit AdamW: 2 one-byte states = 3584, plus 7 blocks of 256 · 2 fp32 absmaxes = 56.
+    assert est.optimizer * GIB == pytest.approx(3640)
+    # One layer, per token (b·s = 2·16 = 32 tokens): 2 RMSNorm fp32 inputs + rsqrt 2·(4·64 + 4) = 520; SwiGLU 3·2·128
+    # = 768; SDPA q, repeated k and v, output 2·4·64 = 512, logsumexp 4·4 = 16, bf16 mask bias 2·16 = 32; q/v's shared
+    # input 2·64 = 128; LoRA A outputs 2·4·2 = 16. 1992 bytes · 32 tokens = 63744.
+    layer = 63744
+    # Checkpointing: layer inputs 2 layers · 2·64·32 = 8192 + one layer recomputed 63744 + backward gradients
+    # 32·2·(3·128 + 2·64) = 32768 + final norm fp32 input 32·4·64 = 8192.
+    assert est.activations * GIB == pytest.approx(8192 + layer + 32768 + 8192)
+    # LM head: 16 completion tokens; tile 16 · 1000 · 2 = 32000 + hidden 16·64·2 + its fp32 gradient 16·64·4 = 6144.
+    assert est.logits * GIB == pytest.approx(32000 + 6144)
+    # KV cache: 2 · 2 layers · 2 kv heads · 16 · 2 bytes = 256 a token. Decoding end: 8 sequences · 16 tokens = 32768
+    # + one layer's concatenation copy 16384; logits 8 · 1000 · (2 + 12) = 112000. It beats the prefill's
+    # 256·64 + 8·8·2·max(7·64, 2·64 + 3·128) = 16384 + 65536.
+    assert est.kv_cache * GIB == pytest.approx(49152) and est.generation_workspace * GIB == pytest.approx(112000)
+    assert est.reference_model == 0 and est.vllm == 0 and est.overhead == memory.OVERHEAD_GIB
+    # Peak: resident + the generation phase (161152 > training 3584 + 112896 + 38144 = 154624).
+    assert est.total == pytest.approx(memory.OVERHEAD_GIB + (167186 + 3584 + 3640 + 161152) / GIB)
+
+
+def test_plain_lora_keeps_fp32_adapters_and_torch_adamw_three_copies(tmp_path):
+    est = small_estimate(tmp_path, args_overrides={"optim": "adamw_torch"})
+    assert est.weights * GIB == pytest.approx((73728 + 64576) * 2)  # bf16
+    assert est.adapters * GIB == pytest.approx(1792 * 4)  # PEFT upcasts adapters on a bf16 model
+    assert est.optimizer * GIB == pytest.approx(1792 * 3 * 4)  # exp_avg, exp_avg_sq, one foreach temporary
+
+
+@pytest.mark.parametrize(
+    ("field", "small", "large"),
+    [("max_completion_length", 8, 32), ("per_device_train_batch_size", 2, 4), ("generation_batch_size", 8, 16)],
+)
+def test_estimate_grows_with_lengths_and_batches(tmp_path, field, small, large):
+    a = small_estimate(tmp_path, args_overrides={field: small})
+    b = small_estimate(tmp_path, args_overrides={field: large})
+    assert b.total > a.total
+    assert b.kv_cache + b.generation_workspace > a.kv_cache + a.generation_workspace or b.training > a.training
+
+
+def test_more_generations_per_prompt_grow_the_generation_batch_only(tmp_path):
+    # TRL counts completions, not prompts: 4 prompts x G generations are generated at once; the micro-batch stays 2.
+    two = small_estimate(tmp_path, args_overrides={"num_generations": 2, "generation_batch_size": 4 * 2})
+    four = small_estimate(tmp_path, args_overrides={"num_generations": 4, "generation_batch_size": 4 * 4})
+    assert four.kv_cache == pytest.approx(2 * two.kv_cache)
+    assert four.generation_workspace == pytest.approx(2 * two.generation_workspace)
+    assert four.training == pytest.approx(two.training) and four.total > two.total
+
+
+def test_estimate_grows_with_lora_rank(tmp_path):
+    r4, r8 = small_estimate(tmp_path, lora_r=4), small_estimate(tmp_path, lora_r=8)
+    assert r8.adapters == pytest.approx(2 * r4.adapters) and r8.gradients == pytest.approx(2 * r4.gradients)
+    assert r8.activations > r4.activations and r8.total > r4.total
+
+
+def test_checkpointing_keeps_fewer_activations(tmp_path):
+    on = small_estimate(tmp_path, args_overrides={"gradient_checkpointing": True}, load_in_4bit=True)
+    off = small_estimate(tmp_path, args_overrides={"gradient_checkpointing": False}, load_in_4bit=True)
+    assert on.activations < off.activations
+    # Without checkpointing: 2 layers · 63744 + backward gradients 32768 + final norm 8192 (see the hand computation).
+    assert off.activations * GIB == pytest.approx(2 * 63744 + 32768 + 8192)
+
+
+@pytest.mark.parametrize(("beta", "lora_r", "expected"), [(0.0, None, False), (0.04, None, True), (0.04, 4, False)])
+def test_reference_model_only_with_beta_and_no_peft(tmp_path, beta, lora_r, expected):
+    est = small_estimate(tmp_path, args_overrides={"beta": beta}, lora_r=lora_r)
+    assert est.reference_model == (pytest.approx(est.weights) if expected else 0.0)
+
+
+def test_colocated_vllm(tmp_path):
+    vllm = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3}
+    with pytest.raises(ValueError, match="needs card_gib"):
+        small_estimate(tmp_path, args_overrides=vllm)
+    asleep = small_estimate(tmp_path, args_overrides={**vllm, "vllm_enable_sleep_mode": True}, card_gib=8)
+    awake = small_estimate(tmp_path, args_overrides=vllm, card_gib=8)
+    assert asleep.vllm == pytest.approx(2.4) and asleep.kv_cache == 0 and asleep.generation == pytest.approx(2.4)
+    assert awake.persistent == pytest.approx(asleep.persistent + 2.4)  # not put to sleep: it stays through training
+    with pytest.raises(ValueError, match="not enough for its copy of the weights"):
+        small_estimate(tmp_path, args_overrides=vllm, card_gib=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"lora_r": None, "load_in_4bit": True}, "load_in_4bit needs LoRA"),
+        ({"lora_target_modules": ["q_proj", "lm_head"]}, r"\['lm_head'\] are not decoder linear layers"),
+    ],
+)
+def test_bad_estimate_settings_are_named(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        small_estimate(tmp_path, **kwargs)
+
+
+def test_lora_targets_resolve_as_peft_does():
+    assert memory.lora_targets(None) == ("q_proj", "v_proj")
+    assert memory.lora_targets("all-linear") == memory.LINEARS
+    assert memory.lora_targets(["v_proj", "q_proj"]) == ("q_proj", "v_proj")
+
+
+LAYER_CASES = {
+    "qlora all-linear (bf16 adapters)": ("all-linear", torch.bfloat16, "sdpa"),
+    "lora all-linear (fp32 adapters)": ("all-linear", torch.float32, "sdpa"),
+    "qlora q_proj v_proj": (["q_proj", "v_proj"], torch.bfloat16, "sdpa"),
+    "full fine-tuning": (None, None, "sdpa"),
+    "qlora all-linear, eager attention": ("all-linear", torch.bfloat16, "eager"),
+}
+
+
+@pytest.mark.parametrize("case", LAYER_CASES)
+def test_layer_formula_equals_what_autograd_saves(case):
+    """Bytes saved for the backward by decoder layer 0 of a bf16 Qwen2 under bf16 autocast, padded batch, on CPU."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen2ForCausalLM
+
+    target_modules, adapter_dtype, attn = LAYER_CASES[case]
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=300, hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, attn_implementation=attn,
+    )  # fmt: skip
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    if target_modules is not None:
+        model = get_peft_model(model, LoraConfig(r=8, target_modules=target_modules))
+        for param in model.parameters():
+            if param.requires_grad:
+                param.data = param.data.to(adapter_dtype)
+        model.enable_input_require_grads()
+    layer = model.get_decoder().layers[0]
+    shared = {p.untyped_storage().data_ptr() for p in model.parameters()}  # weights are kept anyway
+    saved, recording = {}, []
+
+    def pack(tensor):
+        ptr = tensor.untyped_storage().data_ptr()
+        if recording and ptr not in shared and tensor.grad_fn.__class__.__name__ != "TBackward0":  # weight views
+            saved[ptr] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    def capture_shared(module, args, kwargs):  # cos/sin are computed once for every layer
+        shared.update(t.untyped_storage().data_ptr() for t in kwargs["position_embeddings"])
+        recording.append(True)
+
+    layer.register_forward_pre_hook(capture_shared, with_kwargs=True)
+    layer.register_forward_hook(lambda *_: recording.clear())
+    batch, seq_len = 4, 96
+    input_ids = torch.randint(0, 300, (batch, seq_len))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, :10] = 0  # left padding: SDPA gets a mask and repeated k/v
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=input_ids, attention_mask=attention_mask)
+
+    targets = None if target_modules is None else memory.lora_targets(target_modules)
+    expected = memory.layer_activation_bytes(
+        config, batch * seq_len, seq_len, targets=targets, r=0 if targets is None else 8,
+        shared_inputs=adapter_dtype != torch.float32, eager=attn == "eager",
+    )  # fmt: skip
+    assert sum(saved.values()) == expected
+
+
+def test_known_models_load_offline_with_their_real_sizes():
+    sizes = {
+        "Qwen/Qwen2.5-0.5B-Instruct": (896, 4864, 24, 14, 0.494),
+        "Qwen/Qwen2.5-1.5B-Instruct": (1536, 8960, 28, 12, 1.544),
+        "Qwen/Qwen2.5-3B-Instruct": (2048, 11008, 36, 16, 3.086),
+    }
+    for name, (hidden, intermediate, layers, heads, billions) in sizes.items():
+        config = memory.architecture_config(name)
+        assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers) == (
+            hidden,
+            intermediate,
+            layers,
+        )
+        assert (config.num_attention_heads, config.num_key_value_heads, config.vocab_size) == (heads, 2, 151936)
+        assert config.tie_word_embeddings and config.model_type == "qwen2"
+        assert sum(memory.parameter_counts(config)) / 1e9 == pytest.approx(
+            billions, abs=1e-3
+        )  # the model cards' sizes
+    with pytest.raises(ValueError, match="without a download"):
+        memory.architecture_config("Qwen/Qwen2.5-72B-Instruct")
+
+
+@pytest.mark.parametrize("config", PRESETS, ids=[p.stem for p in PRESETS])
+def test_every_preset_fits_its_card_with_ten_percent_to_spare(config):
+    card = int(re.search(r"gsm8k-(\d+)gb", config.name).group(1))
+    training_args, model_args = memory.load_config(config)
+    est = memory.estimate_for(memory.architecture_config(model_args.model_name_or_path), training_args, model_args)
+    assert est.total <= 0.9 * card
+    assert memory.fit_warning(est, card) is None
+    # The header states this estimate, for this card, and the launch command.
+    text = config.read_text()
+    header = "\n".join(text.splitlines()[:5])
+    assert f"Expected peak memory (estimate): {est.total:.2f} GiB of {card} GiB" in header
+    assert f"accelerate launch recipes/math_gsm8k.py --config recipes/configs/{config.name}" in header
+    assert model_args.use_peft and training_args.gradient_checkpointing and training_args.optim == "paged_adamw_8bit"
+    assert 1e-4 <= training_args.learning_rate <= 2e-4  # a LoRA learning rate
+    # The commented vLLM option fits too: its share of the card holds vLLM's copy of the weights.
+    vllm = re.findall(
+        r"^# (use_vllm|vllm_mode|vllm_enable_sleep_mode|vllm_gpu_memory_utilization): (\S+)$", text, re.M
+    )
+    assert len(vllm) == 4, vllm
+    training_args, model_args = memory.load_config(config, *(arg for k, v in vllm for arg in (f"--{k}", v)))
+    model_config = memory.architecture_config(model_args.model_name_or_path)
+    with_vllm = memory.estimate_for(model_config, training_args, model_args, card_gib=card)
+    assert with_vllm.vllm > 0 and with_vllm.total <= 0.9 * card
+
+
+def test_there_are_presets_for_four_cards():
+    assert [p.name for p in PRESETS] == sorted(f"gsm8k-{gb}gb.yaml" for gb in (8, 12, 16, 24))
+
+
+def test_memory_command_prints_the_breakdown(capsys):
+    config = str(REPO_ROOT / "recipes/configs/gsm8k-8gb.yaml")
+    assert cli.main(["memory", "--config", config, "--card-gib", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "Qwen/Qwen2.5-1.5B-Instruct, QLoRA (NF4) rank 16" in out
+    for term in ("weights", "adapters", "optimizer", "gradients", "activations", "logits", "kv_cache", "overhead"):
+        assert re.search(rf"^{term}\s+\d+\.\d\d\s+\w+", out, re.MULTILINE), term
+    assert re.search(r"^peak\s+\d+\.\d\d", out, re.MULTILINE) and "fits (limit 90% = 7.20 GiB)" in out
+    # Overrides go through, and a card that is too small gives exit code 1.
+    assert cli.main(["memory", "--config", config, "--card-gib", "4", "--max_completion_length", "2048"]) == 1
+    assert "DOES NOT FIT" in capsys.readouterr().out
+
+
+def test_fit_warning_names_the_largest_terms():
+    training_args, model_args = memory.load_config(REPO_ROOT / "recipes/configs/gsm8k-24gb.yaml")
+    with pytest.warns(MemoryFitWarning) as record:
+        est = memory.warn_if_too_big(model_args, training_args, card_gib=8)
+    message = str(record[0].message)
+    names = [name for name, _ in est.largest(3)]
+    assert names[:2] == ["activations", "weights"]
+    assert all(f"{name} {est.terms()[name]:.2f} GiB" in message for name in names), message
+    assert "Qwen/Qwen2.5-3B-Instruct is estimated to peak at" in message and "8.0 GiB card" in message
+    assert memory.warn_if_too_big(model_args, training_args, card_gib=None) is None  # no GPU: nothing to check
+
+
+def test_missing_optional_package_is_named(monkeypatch, tmp_path):
+    monkeypatch.setattr(requirements, "is_installed", lambda package: False)
+    with pytest.raises(requirements.MissingDependencyError, match=r"use_vllm=True needs .*'vllm'.*: pip install vllm"):
+        requirements.check_optional_dependencies(use_vllm=True)
+    with pytest.raises(requirements.MissingDependencyError, match="DeepSpeed config .*: pip install deepspeed"):
+        requirements.check_optional_dependencies(deepspeed=True)
+    requirements.check_optional_dependencies()  # nothing requested: nothing needed
+
+    assert requirements.deepspeed_requested([], {"ACCELERATE_USE_DEEPSPEED": "true"})  # accelerate launch
+    assert requirements.deepspeed_requested(["--deepspeed", "ds.json"], {})
+    yaml = tmp_path / "ds.yaml"
+    yaml.write_text("deepspeed: ds_zero2.json\n")
+    assert requirements.deepspeed_requested(["--config", str(yaml)], {})
+    assert not requirements.deepspeed_requested(["--config", str(REPO_ROOT / "recipes/configs/gsm8k-8gb.yaml")], {})
+
+
+def test_recipe_refuses_vllm_without_vllm_before_building_a_model(monkeypatch, tmp_path):
+    from tests.test_recipes import load_recipe
+
+    monkeypatch.setattr(requirements, "is_installed", lambda package: package != "vllm")
+    recipe = load_recipe("math_gsm8k")
+    argv = ["--config", str(REPO_ROOT / "recipes/configs/demo_cpu.yaml"), "--output_dir", str(tmp_path / "out")]
+    with pytest.raises(requirements.MissingDependencyError, match="pip install vllm"):
+        recipe.main(*recipe.make_parser().parse_args_and_config(argv + ["--use_vllm", "true"]))
+    assert not (tmp_path / "out" / "tiny-model").exists()
+
+
+def load_benchmark():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_memory", REPO_ROOT / "benchmarks" / "gpu_memory.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given on a machine without CUDA")
+def test_gpu_benchmark_without_cuda_says_so_with_exit_code_2(capsys):
+    assert load_benchmark().main([]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_gpu_benchmark_table_shows_estimates_next_to_measurements_and_errors():
+    row = {"preset": "8gb", "model": "Qwen/Qwen2.5-1.5B-Instruct", "method": "QLoRA r=16", "prompt_length": 320}
+    row |= {"completion_length": 512, "micro_batch": 8, "generation_batch": 64, "estimate_gib": 4.04}
+    row |= {"estimate_allocator_gib": 3.04, "peak_allocated_gib": 3.5, "step_time_s": 12.3}
+    table = load_benchmark().markdown([row, {"preset": "24gb", "error": "timed out after 30 s"}], "header")
+    lines = table.splitlines()
+    assert lines[4].startswith(
+        "| 8gb | Qwen/Qwen2.5-1.5B-Instruct | QLoRA r=16 | 320 + 512 | 8 / 64 | 4.04 (3.04) | 3.50 |"
+    )
+    assert lines[5].startswith("| 24gb | - |") and "- 24gb: timed out after 30 s" in table

@@ -1,0 +1,443 @@
+"""Peak GPU memory of a GRPO run with TRL 1.16, LoRA or QLoRA, estimated from the model's config and the run's config.
+
+    trl-grpo-ext memory --config recipes/configs/gsm8k-8gb.yaml --card-gib 8   # the breakdown as a table
+
+`estimate()` adds up the terms below, in bytes, for one process. Notation: L layers, h hidden size, I intermediate
+size, a attention heads, k key-value heads, d head dim, V vocabulary, P prompt and C completion tokens, s = P + C, b =
+`per_device_train_batch_size` (completions per micro-batch), B = completions generated at once per process
+(`generation_batch_size / world_size`), w = 2 bytes (bf16).
+
+* **weights**: bf16, 2 bytes a parameter. NF4 (`load_in_4bit`): 4 bits per weight of the decoder's linear layers plus
+  their quantization constants, one fp32 absmax per block of 64 (0.5 bit a weight), or with double quantization 8-bit
+  absmaxes and one fp32 constant per 256 blocks (8/64 + 32/(64·256) = 0.127 bit; QLoRA, arXiv:2305.14314, Sec. 3).
+  bitsandbytes converts `nn.Linear` only, and transformers keeps the output embedding and anything tied to it in full
+  precision (`get_keys_to_not_convert`), so embeddings, lm_head, norms and biases stay bf16. (The forward dequantizes
+  one weight at a time: at most 2·h·I bytes, 45 MB for Qwen2.5-3B, left to the overhead term.)
+* **adapters**: LoRA adds r·(d_in + d_out) parameters per targeted linear (arXiv:2106.09685, Sec. 4.1). PEFT keeps them
+  in fp32 on a bf16 model (`autocast_adapter_dtype=True`); TRL casts them to bf16 on a quantized one (QLoRA's choice).
+* **optimizer**: AdamW keeps 2 states of the parameter's dtype (torch; 8 bytes for fp32 parameters) plus, with
+  `foreach`, one temporary copy; bitsandbytes' 8-bit AdamW (and its paged variant) keeps 2 one-byte states plus an
+  fp32 absmax per block of 256 (arXiv:2110.02861, Sec. 2). **gradients**: one per trainable parameter, of its dtype.
+* **activations** of one training micro-batch (b·s tokens): see `layer_activation_bytes` for one layer. Without
+  gradient checkpointing every layer's are kept; with it, each layer's input (w·h per token; Korthikanti et al. 2022,
+  arXiv:2205.05198, Sec. 4.1 and 5) plus one layer's activations recomputed in its backward. Plus the backward's
+  gradients of one layer's largest tensors and the final norm's fp32 input.
+* **logits**: TRL 1.16 never builds the (b, s, V) logits in training: its fused LM head (`trl.kernels.chunked_logprob`)
+  projects 4096 tokens × 32768 vocabulary entries at a time, only at completion positions (b·C tokens). Kept: that
+  bf16 tile, the completion hidden states (w·h a token) and their fp32 gradient (4·h a token). Full fp32 logits for
+  b·s tokens, as a plain log-softmax would build them, would be 3.8 GiB for the 8 GB preset.
+* **KV cache** of HF generation: 2·L·k·d·w bytes a token for B sequences of P + C tokens, plus one layer's worth while
+  `DynamicCache` concatenates. **generation workspace**: the prefill's largest no-grad temporaries (B·P tokens) or,
+  while decoding, the last-token logits and their fp32 copies for sampling (B·V·(w + 12) bytes), whichever phase peaks.
+* **reference model**: a second copy of the weights when `beta != 0` without PEFT (with PEFT, TRL disables the
+  adapter instead).
+* **vLLM** (`use_vllm`, `vllm_mode="colocate"`): `vllm_gpu_memory_utilization` of the card, which replaces the KV cache
+  and generation workspace. vLLM keeps its own copy of the weights in it (4-bit when the policy is: TRL starts vLLM
+  with `quantization="bitsandbytes"`). With `vllm_enable_sleep_mode` TRL puts it to sleep at level 2 (weights and
+  cache freed) while training; without, it stays.
+* **overhead**: `OVERHEAD_GIB` = 1 GiB for the CUDA context (0.3-0.5 GiB), cuBLAS workspaces and the caching
+  allocator's fragmentation, none of which `torch.cuda.max_memory_allocated` counts.
+
+The peak is what is always resident (weights, adapters, optimizer, reference model, overhead) plus the larger of the
+training phase (gradients, activations, logits) and the generation phase (KV cache, generation workspace): the KV cache
+is freed before the backward, and gradients are freed (`zero_grad(set_to_none=True)`) before the next generation.
+"""
+
+import json
+import math
+import warnings
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+GIB = 2**30
+OVERHEAD_GIB = 1.0
+DEFAULT_PROMPT_LENGTH = 320  # GSM8K: system prompt + chat template + question; the longest train question gives ~290
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# PEFT's default LoRA targets for llama and qwen2 (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)
+PEFT_DEFAULT_TARGETS = ("q_proj", "v_proj")
+NF4_BITS = {True: 4 + 8 / 64 + 32 / (64 * 256), False: 4 + 32 / 64}  # double quantization on / off
+TOKEN_TILE, VOCAB_TILE = 4096, 32768  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE, _CHUNKED_LOGPROB_CHUNK_SIZE
+MODEL_CONFIG_DIR = Path(__file__).resolve().parents[1] / "recipes" / "configs" / "model_configs"
+MODEL_CONFIG_FILES = {
+    "Qwen/Qwen2.5-0.5B-Instruct": "qwen2.5-0.5b-instruct.json",
+    "Qwen/Qwen2.5-1.5B-Instruct": "qwen2.5-1.5b-instruct.json",
+    "Qwen/Qwen2.5-3B-Instruct": "qwen2.5-3b-instruct.json",
+}
+
+
+class MemoryFitWarning(UserWarning):
+    """The estimated peak memory of a run is above 90% of the card's."""
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Estimated peak GPU memory of one process, by term, in GiB (see the module docstring for each formula)."""
+
+    weights: float
+    adapters: float
+    optimizer: float
+    reference_model: float
+    overhead: float
+    gradients: float
+    activations: float
+    logits: float
+    kv_cache: float
+    generation_workspace: float
+    vllm: float = 0.0
+    vllm_persistent: bool = False  # vLLM without sleep mode stays resident through training
+
+    @property
+    def persistent(self) -> float:
+        extra = self.vllm if self.vllm_persistent else 0.0
+        return self.weights + self.adapters + self.optimizer + self.reference_model + self.overhead + extra
+
+    @property
+    def training(self) -> float:
+        return self.gradients + self.activations + self.logits
+
+    @property
+    def generation(self) -> float:
+        return self.kv_cache + self.generation_workspace + (0.0 if self.vllm_persistent else self.vllm)
+
+    @property
+    def total(self) -> float:
+        """Peak GiB: the resident terms plus the larger phase."""
+        return self.persistent + max(self.training, self.generation)
+
+    def terms(self) -> dict[str, float]:
+        """Every term by name, in GiB."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "vllm_persistent"}
+
+    def largest(self, n: int = 3) -> list[tuple[str, float]]:
+        """The `n` largest terms, largest first."""
+        return sorted(self.terms().items(), key=lambda item: -item[1])[:n]
+
+    def as_table(self, card_gib: float | None = None) -> str:
+        """The breakdown as a fixed-width table; with `card_gib`, whether the peak is within 90% of the card."""
+        phases = {"gradients": "training", "activations": "training", "logits": "training"}
+        phases |= {"kv_cache": "generation", "generation_workspace": "generation"}
+        phases["vllm"] = "always" if self.vllm_persistent else "generation"
+        lines = [f"{'term':<22}{'GiB':>8}  phase", "-" * 42]
+        for name, gib in self.terms().items():
+            lines.append(f"{name:<22}{gib:>8.2f}  {phases.get(name, 'always')}")
+        peak = "training" if self.training >= self.generation else "generation"
+        lines += ["-" * 42, f"{'peak':<22}{self.total:>8.2f}  (resident + {peak} phase)"]
+        if card_gib is not None:
+            verdict = "fits" if self.total <= 0.9 * card_gib else "DOES NOT FIT"
+            lines.append(f"{'card':<22}{card_gib:>8.2f}  {verdict} (limit 90% = {0.9 * card_gib:.2f} GiB)")
+        return "\n".join(lines)
+
+
+def linear_shapes(config) -> dict[str, tuple[int, int]]:
+    """(d_in, d_out) of each linear layer of one decoder layer of a Llama/Qwen2-style config."""
+    h, i = config.hidden_size, config.intermediate_size
+    d = getattr(config, "head_dim", None) or h // config.num_attention_heads
+    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+    shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+    return shapes | {"gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+
+def parameter_counts(config) -> tuple[int, int]:
+    """(decoder linear weights, everything else: embeddings, lm_head when untied, norms, q/k/v biases)."""
+    shapes = linear_shapes(config)
+    linear = config.num_hidden_layers * sum(d_in * d_out for d_in, d_out in shapes.values())
+    qkv_bias = config.model_type == "qwen2" or getattr(config, "attention_bias", False)
+    bias = sum(shapes[n][1] for n in ("q_proj", "k_proj", "v_proj")) if qkv_bias else 0
+    per_layer = 2 * config.hidden_size + bias  # two RMSNorm weights
+    embeddings = config.vocab_size * config.hidden_size * (1 if config.tie_word_embeddings else 2)
+    return linear, embeddings + config.num_hidden_layers * per_layer + config.hidden_size
+
+
+def lora_targets(target_modules) -> tuple[str, ...]:
+    """LoRA target names as PEFT resolves them: None → PEFT's default for Llama/Qwen2, "all-linear" → every linear.
+
+    Raises:
+        ValueError: a name that is not one of the decoder's linear layers.
+    """
+    if target_modules is None:
+        return PEFT_DEFAULT_TARGETS
+    names = [target_modules] if isinstance(target_modules, str) else list(target_modules)
+    if names == ["all-linear"]:
+        return LINEARS
+    unknown = sorted(set(names) - set(LINEARS))
+    if unknown:
+        raise ValueError(f"lora_target_modules: {unknown} are not decoder linear layers {list(LINEARS)}")
+    return tuple(n for n in LINEARS if n in names)
+
+
+def lora_parameters(config, r: int, targets: tuple[str, ...]) -> int:
+    """r·(d_in + d_out) per targeted linear, over every layer (arXiv:2106.09685, Sec. 4.1)."""
+    shapes = linear_shapes(config)
+    return config.num_hidden_layers * sum(r * sum(shapes[n]) for n in targets)
+
+
+def layer_activation_bytes(
+    config, tokens: int, seq_len: int, *, targets, r=0, shared_inputs=True, dropout=0.0, padded=True, eager=False
+) -> int:
+    """Bytes one bf16 decoder layer keeps for its backward over `tokens` = b·s tokens, without checkpointing.
+
+    Korthikanti et al. 2022 (arXiv:2205.05198, Sec. 4.1) count s·b·h·(34 + 5·a·s/h) bytes for a GPT layer. Adapted to
+    a Llama/Qwen2 layer as transformers 5 and PyTorch 2 run it, per token (w = 2): each RMSNorm keeps its fp32 input
+    and rsqrt (4h + 4, twice); SDPA keeps q, k, v (k and v repeated to a heads when a padding mask is passed), its
+    output (which is also o_proj's input), its fp32 logsumexp (4a) and, when padded, the bf16 mask bias (w·s); eager
+    attention keeps q, k, v and the fp32 softmax with its bf16 copy (6·a·s) instead; SwiGLU keeps the gate output, its
+    SiLU and the up output (3·w·I); then each linear input needed for a weight gradient (w·d_in: once per input when
+    shared; once per targeted linear, plus a 1-byte dropout mask, when PEFT casts the input to fp32 adapters or drops
+    it out, `shared_inputs=False`) and each LoRA A output (w·r). A frozen base weight needs no saved input; `targets`
+    None means full fine-tuning (every input, and both norms' normalized input). Checked against the tensors autograd
+    saves for one layer on CPU (`tests/test_memory.py`); CUDA's dropout mask is 1 byte, CPU's is the input's dtype.
+    """
+    w, h, i, a = 2, config.hidden_size, config.intermediate_size, config.num_attention_heads
+    shapes = linear_shapes(config)
+    q_dim, kv_dim = shapes["q_proj"][1], shapes["k_proj"][1]
+    per_token = 2 * (4 * h + 4) + 3 * w * i
+    if eager:
+        per_token += 3 * w * q_dim + 6 * a * seq_len
+    else:
+        per_token += w * (2 * q_dim + 2 * (q_dim if padded else kv_dim)) + 4 * a + (w * seq_len if padded else 0)
+    groups = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "mlp", "up_proj": "mlp"}
+    if targets is None or (shared_inputs and dropout == 0):  # one saved input per group of linears that share it
+        first = {groups.get(n, n): n for n in (LINEARS if targets is None else targets)}
+        first.pop("o_proj" if not eager else "", None)  # SDPA's output is o_proj's input, counted above
+        per_token += sum(w * shapes[n][0] for n in first.values())
+        per_token += 2 * w * h if targets is None else 0
+    else:
+        per_token += sum((w + (1 if dropout > 0 else 0)) * shapes[n][0] for n in targets)
+    if targets is not None:
+        per_token += w * r * len(targets)
+    return tokens * per_token
+
+
+def activation_bytes(config, batch: int, seq_len: int, *, gradient_checkpointing: bool, **layer_kwargs) -> int:
+    """Activations of one training micro-batch of `batch` sequences of `seq_len` tokens, in bytes.
+
+    Checkpointing keeps each layer's input (w·h a token, arXiv:2205.05198, Sec. 5) and recomputes one layer at a time;
+    both cases add the backward's gradients of one layer's largest tensors (w·(3I + 2h) a token) and the final norm's
+    fp32 input (4h a token).
+    """
+    tokens, h, layers = batch * seq_len, config.hidden_size, config.num_hidden_layers
+    layer = layer_activation_bytes(config, tokens, seq_len, **layer_kwargs)
+    kept = layers * 2 * h * tokens + layer if gradient_checkpointing else layers * layer
+    return kept + tokens * (2 * (3 * config.intermediate_size + 2 * h) + 4 * h)
+
+
+def lm_head_bytes(config, completion_tokens: int) -> int:
+    """TRL 1.16's fused LM head in training: a bf16 tile, the completion hidden states (w·h), their fp32 gradient."""
+    tile = min(completion_tokens, TOKEN_TILE) * min(config.vocab_size, VOCAB_TILE) * 2
+    return tile + completion_tokens * config.hidden_size * (2 + 4)
+
+
+def kv_cache_bytes(config, sequences: int, seq_len: int) -> int:
+    """2 (K and V) · layers · kv heads · head dim · 2 bytes (bf16) per token, for `sequences` of `seq_len` tokens."""
+    d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * d * 2 * sequences * seq_len
+
+
+def generation_bytes(config, sequences: int, prompt_length: int, completion_length: int) -> tuple[int, int]:
+    """(KV cache, workspace) of HF generation at its peak: the prefill or the end of decoding, whichever is larger.
+
+    Prefill (no grad, B·P tokens): the larger of attention (residual, norm output, q, repeated k and v, SDPA output,
+    o_proj input: 7·w·h a token) and SwiGLU (residual, norm output, SiLU, up, product: w·(2h + 3I)). Decoding: the
+    cache at P + C tokens plus one layer's concatenation copy, and the sampled step's logits (bf16, then fp32 copies
+    for the processors and softmax: B·V·(2 + 3·4)).
+    """
+    h, i = config.hidden_size, config.intermediate_size
+    prefill = (
+        kv_cache_bytes(config, sequences, prompt_length),
+        sequences * prompt_length * 2 * max(7 * h, 2 * h + 3 * i),
+    )
+    kv_end = kv_cache_bytes(config, sequences, prompt_length + completion_length)
+    decode = (kv_end + kv_end // config.num_hidden_layers, sequences * config.vocab_size * (2 + 3 * 4))
+    return max(prefill, decode, key=sum)
+
+
+def optimizer_bytes(trainable: int, optim: str, param_bytes: int) -> int:
+    """AdamW's state: 8-bit bitsandbytes (2 bytes + fp32 absmax per 256), 32-bit bitsandbytes (8), torch (2 states of
+    the parameter's dtype plus one `foreach` temporary); SGD without momentum keeps none."""
+    if "8bit" in optim:
+        return trainable * 2 + math.ceil(trainable / 256) * 2 * 4
+    if "32bit" in optim or "bnb" in optim:
+        return trainable * 8
+    if optim.startswith("sgd"):
+        return 0
+    return trainable * 3 * param_bytes
+
+
+def estimate(
+    model_config,
+    args,
+    *,
+    prompt_length: int = DEFAULT_PROMPT_LENGTH,
+    lora_r: int | None = None,
+    lora_target_modules=None,
+    lora_dropout: float = 0.0,
+    load_in_4bit: bool = False,
+    nested_quant: bool = True,
+    attn_implementation: str | None = "sdpa",
+    card_gib: float | None = None,
+) -> MemoryEstimate:
+    """Estimated peak GPU memory of one GRPO process (module docstring: every term, its formula and source).
+
+    Args:
+        model_config: a transformers `PretrainedConfig` of a Llama/Qwen2-style model (hidden_size, intermediate_size,
+            num_hidden_layers, num_attention_heads, num_key_value_heads, vocab_size, tie_word_embeddings).
+        args: the run's `GRPOConfig` (batch sizes, `max_completion_length`, `gradient_checkpointing`, `optim`, `beta`,
+            the vLLM fields), after `__post_init__`, which sets `generation_batch_size`.
+        prompt_length: tokens of the longest prompt in a batch (TRL 1.16 does not truncate prompts).
+        lora_r: LoRA rank; None trains every weight (full fine-tuning, bf16).
+        lora_target_modules: as in `peft.LoraConfig` (a list of names, "all-linear", or None for PEFT's default).
+        lora_dropout: LoRA dropout; above 0 each targeted linear keeps its own dropped-out input and mask.
+        load_in_4bit: NF4 weights (QLoRA); `nested_quant` is bitsandbytes' double quantization.
+        attn_implementation: "sdpa" (default), "flash_attention_2" (no mask bias, no repeated k/v) or "eager".
+        card_gib: the card's memory, needed only for colocated vLLM.
+
+    Returns:
+        A `MemoryEstimate` in GiB.
+
+    Raises:
+        ValueError: an unknown LoRA target, 4-bit weights without LoRA, colocated vLLM without `card_gib` or with a
+            share of the card smaller than the weights.
+    """
+    if load_in_4bit and lora_r is None:
+        raise ValueError("load_in_4bit needs LoRA (lora_r): 4-bit weights cannot be trained directly")
+    linear, other = parameter_counts(model_config)
+    weights = linear * NF4_BITS[nested_quant] / 8 + other * 2 if load_in_4bit else (linear + other) * 2
+    targets = None if lora_r is None else lora_targets(lora_target_modules)
+    trainable = linear + other if lora_r is None else lora_parameters(model_config, lora_r, targets)
+    param_bytes = 2 if lora_r is None or load_in_4bit else 4  # LoRA on a bf16 model: PEFT keeps adapters in fp32
+    optim = str(getattr(args.optim, "value", args.optim))
+
+    b, completion = args.per_device_train_batch_size, args.max_completion_length
+    seq_len = prompt_length + completion
+    layer_kwargs = dict(targets=targets, r=lora_r or 0, shared_inputs=param_bytes == 2, dropout=lora_dropout)
+    layer_kwargs |= dict(padded=attn_implementation != "flash_attention_2", eager=attn_implementation == "eager")
+    activations = activation_bytes(
+        model_config, b, seq_len, gradient_checkpointing=args.gradient_checkpointing, **layer_kwargs
+    )
+
+    vllm, vllm_persistent, kv, workspace = 0.0, False, 0, 0
+    if args.use_vllm:
+        if args.vllm_mode == "colocate":
+            if card_gib is None:
+                raise ValueError(
+                    "use_vllm with vllm_mode='colocate' needs card_gib: vLLM takes a fraction of the card"
+                )
+            vllm, vllm_persistent = args.vllm_gpu_memory_utilization * card_gib, not args.vllm_enable_sleep_mode
+            if vllm * GIB <= weights:
+                raise ValueError(
+                    f"vllm_gpu_memory_utilization={args.vllm_gpu_memory_utilization} gives vLLM {vllm:.2f} GiB of the "
+                    f"card, not enough for its copy of the weights ({weights / GIB:.2f} GiB) and a KV cache"
+                )
+    else:
+        sequences = args.generation_batch_size // max(args.world_size, 1)
+        kv, workspace = generation_bytes(model_config, sequences, prompt_length, completion)
+
+    return MemoryEstimate(
+        weights=weights / GIB,
+        adapters=(0 if lora_r is None else trainable * param_bytes) / GIB,
+        optimizer=optimizer_bytes(trainable, optim, param_bytes) / GIB,
+        reference_model=weights / GIB if args.beta != 0 and lora_r is None else 0.0,
+        overhead=OVERHEAD_GIB,
+        gradients=trainable * param_bytes / GIB,
+        activations=activations / GIB,
+        logits=lm_head_bytes(model_config, b * completion) / GIB,
+        kv_cache=kv / GIB,
+        generation_workspace=workspace / GIB,
+        vllm=vllm,
+        vllm_persistent=vllm_persistent,
+    )
+
+
+def estimate_for(model_config, args, model_args, **kwargs) -> MemoryEstimate:
+    """`estimate()` with the LoRA/QLoRA settings of TRL's `ModelConfig` (`use_peft`, `lora_*`, `load_in_4bit`, ...).
+
+    Raises:
+        ValueError: weights that are not bf16/fp16 (`dtype`), which the formulas do not model.
+    """
+    if model_args.dtype not in ("bfloat16", "float16"):
+        raise ValueError(f"the estimate models bf16/fp16 weights: set dtype to bfloat16, got {model_args.dtype!r}")
+    return estimate(
+        model_config,
+        args,
+        lora_r=model_args.lora_r if model_args.use_peft else None,
+        lora_target_modules=model_args.lora_target_modules,
+        lora_dropout=model_args.lora_dropout,
+        load_in_4bit=model_args.load_in_4bit,
+        nested_quant=model_args.use_bnb_nested_quant,
+        attn_implementation=model_args.attn_implementation or "sdpa",
+        **kwargs,
+    )
+
+
+def architecture_config(name_or_path: str):
+    """A model's `PretrainedConfig` without a download: one of `MODEL_CONFIG_FILES` (the real `config.json` values,
+    kept in `recipes/configs/model_configs/`), a `config.json`-style file, or a local model folder.
+
+    Raises:
+        ValueError: anything else, naming the models known offline.
+    """
+    from transformers import AutoConfig
+
+    path = MODEL_CONFIG_DIR / MODEL_CONFIG_FILES[name_or_path] if name_or_path in MODEL_CONFIG_FILES else None
+    path = path or Path(name_or_path)
+    if path.is_dir() and (path / "config.json").is_file():
+        return AutoConfig.from_pretrained(path)
+    if path.is_file():
+        values = json.loads(path.read_text())
+        return AutoConfig.for_model(values.pop("model_type"), **values)
+    raise ValueError(
+        f"no architecture config for {name_or_path!r} without a download: use one of {sorted(MODEL_CONFIG_FILES)}, a "
+        "local model folder, or a config.json file (--model-config)"
+    )
+
+
+def fit_warning(estimate: MemoryEstimate, card_gib: float, name: str = "this run") -> str | None:
+    """A message naming the three largest terms when the peak is above 90% of `card_gib`, else None."""
+    if estimate.total <= 0.9 * card_gib:
+        return None
+    largest = ", ".join(f"{term} {gib:.2f} GiB" for term, gib in estimate.largest(3))
+    return (
+        f"{name} is estimated to peak at {estimate.total:.2f} GiB, above 90% of this {card_gib:.1f} GiB card "
+        f"({0.9 * card_gib:.2f} GiB); largest terms: {largest}. Lower per_device_train_batch_size, "
+        "max_completion_length or lora_r, set load_in_4bit, or pick a smaller preset (trl-grpo-ext memory --config "
+        "... prints the breakdown)."
+    )
+
+
+def cuda_card_gib() -> float | None:
+    """Memory of CUDA device 0 in GiB, or None without CUDA."""
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory / GIB if torch.cuda.is_available() else None
+
+
+def warn_if_too_big(model_args, args, card_gib: float | None) -> MemoryEstimate | None:
+    """Warn (`MemoryFitWarning`) before a model is loaded when its run is estimated not to fit the card.
+
+    Returns the estimate, or None when there is no card or the architecture is not known locally (nothing downloads).
+    """
+    name = model_args.model_name_or_path
+    if card_gib is None or name is None or model_args.dtype not in ("bfloat16", "float16"):
+        return None
+    try:
+        model_config = architecture_config(name)
+    except ValueError:
+        return None
+    result = estimate_for(model_config, args, model_args, card_gib=card_gib)
+    message = fit_warning(result, card_gib, name)
+    if message:
+        warnings.warn(message, MemoryFitWarning, stacklevel=2)
+    return result
+
+
+def load_config(path, *overrides: str, use_cpu: bool = True):
+    """(GRPOConfig, ModelConfig) of a recipe YAML, ignoring the recipe's own script fields.
+
+    `use_cpu` (default) lets a bf16 config parse on a machine without a bf16 GPU; it changes no term of the estimate.
+    """
+    from trl import ModelConfig, TrlParser
+
+    from .config import GRPOConfig
+
+    argv = ["--config", str(path), "--use_cpu", str(use_cpu).lower(), *overrides]
+    return TrlParser((GRPOConfig, ModelConfig)).parse_args_and_config(argv, fail_with_unknown_args=False)
