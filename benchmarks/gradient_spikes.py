@@ -7,8 +7,11 @@ The task of `entropy_collapse.py` (tiny model, 8-token completions rewarded by t
 Trainer clips it: a crafted large-gradient batch. Two runs per seed:
     trl         stock `trl.GRPOTrainer`, clipping at `max_grad_norm=1.0` (the default)
     ours_zclip  `grad_reg=["zclip"]` (α 0.97, z_thr 2.5, 25 warm-up steps), same `max_grad_norm`
-Per step it records the norm of the parameter update the optimizer applied (‖θ_after − θ_before‖). Pass criteria:
-with ZClip the largest update is <= 3x the median update, and the final reward (mean of the last 10 steps) is >= TRL's.
+Per step it records the norm of the parameter update the optimizer applied (‖θ_after − θ_before‖). The ratio is
+taken over the steps after the first WARMUP = 25 (ZClip's warm-up): Adam's first steps move every weight by about the
+learning rate whatever the gradient (m/√v = sign(g) at step 1: a norm of lr·√(number of weights)), with or without
+any clipping, and no spike falls there. Pass criteria: with ZClip the largest update after the warm-up is <= 3x the
+median update, and the final reward (mean of the last 10 steps) is >= TRL's.
 """
 
 import argparse
@@ -30,6 +33,7 @@ from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows  # noqa: E402
 from trl_grpo_ext.tiny_model import save_tiny_model  # noqa: E402
 
 SPIKE_EVERY = 50
+WARMUP = 25
 
 
 class SpikeAndMeasure(TrainerCallback):
@@ -69,13 +73,15 @@ def run(ours: bool, model_dir: str, seed: int, max_steps: int, factor: float, ou
     trainer.train()
     rows = [row for row in trainer.state.log_history if "reward" in row]
     updates = spikes.updates
+    measured = updates[WARMUP:]
     return {
         "updates": updates,
         "grad_norm": [row["grad_norm"] for row in rows],
         "reward": [row["reward"] for row in rows],
-        "max_update": max(updates),
-        "median_update": statistics.median(updates),
-        "max_over_median": max(updates) / statistics.median(updates),
+        "max_update": max(measured),
+        "median_update": statistics.median(measured),
+        "max_over_median": max(measured) / statistics.median(measured),
+        "max_update_all_steps": max(updates),
         "final_reward": statistics.mean(row["reward"] for row in rows[-10:]),
         "spike_steps": [s for s in range(1, max_steps + 1) if s % SPIKE_EVERY == 0],
     }
