@@ -5,7 +5,7 @@
     python benchmarks/gpu_memory.py --device cpu --tiny       # the same code path on CPU with shrunken models (smoke)
 
 For each preset `recipes/configs/gsm8k-<N>gb.yaml`: a model of the preset's architecture
-(`recipes/configs/model_configs/`) with random weights, built on the device and saved once in bf16, then loaded by
+(`trl_grpo_ext/model_configs/`) with random weights, built on the device and saved once in bf16, then loaded by
 TRL as the recipe loads it (4-bit NF4 for QLoRA, the preset's LoRA, optimizer, checkpointing and extension settings);
 a byte-level BPE tokenizer trained locally (`trl_grpo_ext.tiny_model`; its ids stay below the model's vocabulary);
 prompts of the estimate's prompt length; every completion forced to `max_completion_length` (`min_new_tokens`); a
@@ -64,14 +64,14 @@ def missing_packages(modules=REQUIRED) -> list[str]:
 
 def preset_config(preset: str, args, output_dir: str):
     """(GRPOConfig, ModelConfig, architecture config, prompt length) of a preset, with the benchmark's overrides."""
-    from trl_grpo_ext import memory
+    from trl_grpo_ext import memory, presets
 
     overrides = ["--output_dir", output_dir, "--max_steps", str(args.steps), "--report_to", "none"]
     overrides += ["--save_strategy", "no", "--logging_steps", "1", "--disable_tqdm", "true", "--seed", "0"]
     overrides += TINY_RUN if args.tiny else []
     path = REPO_ROOT / "recipes" / "configs" / f"gsm8k-{preset}.yaml"
-    training_args, model_args = memory.load_config(path, *overrides, use_cpu=args.device == "cpu")
-    model_config = memory.architecture_config(model_args.model_name_or_path)
+    training_args, model_args = presets.load_config(path, *overrides, use_cpu=args.device == "cpu")
+    model_config = presets.architecture_config(model_args.model_name_or_path)
     if args.tiny:  # rebuilt, so that the fields derived from the layer count (layer_types) follow
         from transformers import AutoConfig
 

@@ -21,7 +21,7 @@ from transformers import PrinterCallback, ProgressCallback
 from trl import ModelConfig, TrlParser, get_peft_config, get_quantization_config
 from trl.rewards import get_soft_overlong_punishment
 
-from trl_grpo_ext import GRPOConfig, GRPOTrainer, memory
+from trl_grpo_ext import GRPOConfig, GRPOTrainer, presets
 from trl_grpo_ext.callbacks import MetricsTableCallback
 from trl_grpo_ext.data import load_gsm8k, synthetic_gsm8k, to_grpo_rows
 from trl_grpo_ext.evaluation import evaluate_gsm8k, format_table, write_results
@@ -105,7 +105,7 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
 
     # Model: a local tiny one for the demo and tests, else model_name_or_path (Hub id or folder). On a GPU, a warning
     # first if the run is estimated not to fit the card (`trl-grpo-ext memory --config ...` prints the breakdown).
-    memory.warn_if_too_big(model_args, training_args, None if training_args.use_cpu else memory.cuda_card_gib())
+    presets.warn_if_too_big(model_args, training_args, None if training_args.use_cpu else presets.cuda_card_gib())
     if script_args.tiny_model:
         tiny_dir = Path(training_args.output_dir).resolve() / "tiny-model"  # absolute: adapters record this path
         with training_args.main_process_first(desc="build tiny model"):

@@ -138,7 +138,7 @@ def test_per_group_controllers_see_only_their_groups_entropy(tmp_path, tiny_mode
     # one completion of each group: the low one's mean entropy is 0.5 nats (below target), the high one's 3.0
     trainer._observe_entropy([low, high], torch.tensor([[0.4, 0.6], [3.0, 3.0]]), torch.ones(2, 2))
     controller = trainer.entropy_reg_state.controller
-    assert controller.coef[low] == pytest.approx(0.2 * 0.5 + 0.02 * 0.5)  # default gains, e = 0.5
+    assert controller.coef[low] == pytest.approx(0.5 * 0.5 + 0.02 * 0.5)  # default gains, e = 0.5
     assert controller.coef[high] == 0.0  # entropy above target: it is not pushed
     metrics = trainer._metrics["train"]
     assert metrics[f"entropy_reg/{low}/entropy"] == [pytest.approx(0.5)]

@@ -7,8 +7,9 @@ import torch
 from transformers import Qwen2Config
 
 from tests.conftest import REPO_ROOT
-from trl_grpo_ext import GRPOConfig, cli, memory, requirements
-from trl_grpo_ext.memory import GIB, MemoryFitWarning
+from trl_grpo_ext import GRPOConfig, cli, memory, presets, requirements
+from trl_grpo_ext.memory import GIB
+from trl_grpo_ext.presets import MemoryFitWarning
 
 PRESETS = sorted((REPO_ROOT / "recipes" / "configs").glob("gsm8k-*gb.yaml"))
 # h=64, I=128, 2 layers, 4 heads of 16, 2 kv heads, vocabulary 1000, tied embeddings
@@ -212,7 +213,7 @@ def test_known_models_load_offline_with_their_real_sizes():
         "Qwen/Qwen2.5-3B-Instruct": (2048, 11008, 36, 16, 3.086),
     }
     for name, (hidden, intermediate, layers, heads, billions) in sizes.items():
-        config = memory.architecture_config(name)
+        config = presets.architecture_config(name)
         assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers) == (
             hidden,
             intermediate,
@@ -224,16 +225,16 @@ def test_known_models_load_offline_with_their_real_sizes():
             billions, abs=1e-3
         )  # the model cards' sizes
     with pytest.raises(ValueError, match="without a download"):
-        memory.architecture_config("Qwen/Qwen2.5-72B-Instruct")
+        presets.architecture_config("Qwen/Qwen2.5-72B-Instruct")
 
 
 @pytest.mark.parametrize("config", PRESETS, ids=[p.stem for p in PRESETS])
 def test_every_preset_fits_its_card_with_ten_percent_to_spare(config):
     card = int(re.search(r"gsm8k-(\d+)gb", config.name).group(1))
-    training_args, model_args = memory.load_config(config)
-    est = memory.estimate_for(memory.architecture_config(model_args.model_name_or_path), training_args, model_args)
+    training_args, model_args = presets.load_config(config)
+    est = memory.estimate_for(presets.architecture_config(model_args.model_name_or_path), training_args, model_args)
     assert est.total <= 0.9 * card
-    assert memory.fit_warning(est, card) is None
+    assert presets.fit_warning(est, card) is None
     # The header states this estimate, for this card, and the launch command.
     text = config.read_text()
     header = "\n".join(text.splitlines()[:5])
@@ -246,8 +247,8 @@ def test_every_preset_fits_its_card_with_ten_percent_to_spare(config):
         r"^# (use_vllm|vllm_mode|vllm_enable_sleep_mode|vllm_gpu_memory_utilization): (\S+)$", text, re.M
     )
     assert len(vllm) == 4, vllm
-    training_args, model_args = memory.load_config(config, *(arg for k, v in vllm for arg in (f"--{k}", v)))
-    model_config = memory.architecture_config(model_args.model_name_or_path)
+    training_args, model_args = presets.load_config(config, *(arg for k, v in vllm for arg in (f"--{k}", v)))
+    model_config = presets.architecture_config(model_args.model_name_or_path)
     with_vllm = memory.estimate_for(model_config, training_args, model_args, card_gib=card)
     assert with_vllm.vllm > 0 and with_vllm.total <= 0.9 * card
 
@@ -270,15 +271,15 @@ def test_memory_command_prints_the_breakdown(capsys):
 
 
 def test_fit_warning_names_the_largest_terms():
-    training_args, model_args = memory.load_config(REPO_ROOT / "recipes/configs/gsm8k-24gb.yaml")
+    training_args, model_args = presets.load_config(REPO_ROOT / "recipes/configs/gsm8k-24gb.yaml")
     with pytest.warns(MemoryFitWarning) as record:
-        est = memory.warn_if_too_big(model_args, training_args, card_gib=8)
+        est = presets.warn_if_too_big(model_args, training_args, card_gib=8)
     message = str(record[0].message)
     names = [name for name, _ in est.largest(3)]
     assert names[:2] == ["activations", "weights"]
     assert all(f"{name} {est.terms()[name]:.2f} GiB" in message for name in names), message
     assert "Qwen/Qwen2.5-3B-Instruct is estimated to peak at" in message and "8.0 GiB card" in message
-    assert memory.warn_if_too_big(model_args, training_args, card_gib=None) is None  # no GPU: nothing to check
+    assert presets.warn_if_too_big(model_args, training_args, card_gib=None) is None  # no GPU: nothing to check
 
 
 def test_missing_optional_package_is_named(monkeypatch, tmp_path):

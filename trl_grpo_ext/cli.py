@@ -39,7 +39,7 @@ def _tiny_model(argv: list[str]) -> int:
 
 
 def _memory(argv: list[str]) -> int:
-    from . import memory
+    from . import memory, presets
 
     parser = argparse.ArgumentParser(
         prog="trl-grpo-ext memory",
@@ -54,10 +54,10 @@ def _memory(argv: list[str]) -> int:
     parser.add_argument("--model-config", help="the model's config.json (default: known models, local folders)")
     args, overrides = parser.parse_known_args(argv)
     try:
-        training_args, model_args = memory.load_config(args.config, *overrides)
+        training_args, model_args = presets.load_config(args.config, *overrides)
         if not (args.model_config or model_args.model_name_or_path):
             raise ValueError(f"{args.config} sets no model_name_or_path: pass --model-config with a config.json")
-        model_config = memory.architecture_config(args.model_config or model_args.model_name_or_path)
+        model_config = presets.architecture_config(args.model_config or model_args.model_name_or_path)
         result = memory.estimate_for(
             model_config, training_args, model_args, prompt_length=args.prompt_length, card_gib=args.card_gib
         )
@@ -74,7 +74,7 @@ def _memory(argv: list[str]) -> int:
         f"{'on' if training_args.gradient_checkpointing else 'off'}\n"
     )
     print(result.as_table(args.card_gib))
-    return 1 if args.card_gib is not None and memory.fit_warning(result, args.card_gib) else 0
+    return 1 if args.card_gib is not None and presets.fit_warning(result, args.card_gib) else 0
 
 
 COMMANDS = {"grpo": _grpo, "tiny-model": _tiny_model, "memory": _memory}

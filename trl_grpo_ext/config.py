@@ -103,7 +103,7 @@ class GRPOConfig(TRLGRPOConfig):
         entropy_target_per_group (`bool`, *optional*, defaults to `False`):
             With `target` and policy groups: one controller and coefficient per policy group, each holding its own
             group's entropy at `entropy_target`.
-        entropy_pi_kp (`float`, *optional*, defaults to `0.2`):
+        entropy_pi_kp (`float`, *optional*, defaults to `0.5`):
             Proportional gain of the `target` controller, in coefficient per nat of entropy error.
         entropy_pi_ki (`float`, *optional*, defaults to `0.02`):
             Integral gain of the `target` controller, in coefficient per nat per optimizer step.
@@ -242,7 +242,7 @@ class GRPOConfig(TRLGRPOConfig):
         default=False, metadata={"help": "With target and policy groups: one controller per policy group."}
     )
     entropy_pi_kp: float = field(
-        default=0.2, metadata={"help": "Proportional gain of the target controller (coefficient per nat)."}
+        default=0.5, metadata={"help": "Proportional gain of the target controller (coefficient per nat)."}
     )
     entropy_pi_ki: float = field(
         default=0.02, metadata={"help": "Integral gain of the target controller (coefficient per nat per step)."}

@@ -2,6 +2,9 @@
 
     trl-grpo-ext memory --config recipes/configs/gsm8k-8gb.yaml --card-gib 8   # the breakdown as a table
 
+The formulas only; the model architectures known offline, reading a recipe YAML and the warning a recipe gives when a
+run will not fit are in `trl_grpo_ext.presets`.
+
 `estimate()` adds up the terms below, in bytes, for one process. Notation: L layers, h hidden size, I intermediate
 size, a attention heads, k key-value heads, d head dim, V vocabulary, P prompt and C completion tokens, s = P + C, b =
 `per_device_train_batch_size` (completions per micro-batch), B = completions generated at once per process
@@ -43,11 +46,8 @@ training phase (gradients, activations, logits) and the generation phase (KV cac
 is freed before the backward, and gradients are freed (`zero_grad(set_to_none=True)`) before the next generation.
 """
 
-import json
 import math
-import warnings
 from dataclasses import dataclass, fields
-from pathlib import Path
 
 GIB = 2**30
 OVERHEAD_GIB = 1.0
@@ -57,16 +57,6 @@ LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 PEFT_DEFAULT_TARGETS = ("q_proj", "v_proj")
 NF4_BITS = {True: 4 + 8 / 64 + 32 / (64 * 256), False: 4 + 32 / 64}  # double quantization on / off
 TOKEN_TILE, VOCAB_TILE = 4096, 32768  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE, _CHUNKED_LOGPROB_CHUNK_SIZE
-MODEL_CONFIG_DIR = Path(__file__).resolve().parents[1] / "recipes" / "configs" / "model_configs"
-MODEL_CONFIG_FILES = {
-    "Qwen/Qwen2.5-0.5B-Instruct": "qwen2.5-0.5b-instruct.json",
-    "Qwen/Qwen2.5-1.5B-Instruct": "qwen2.5-1.5b-instruct.json",
-    "Qwen/Qwen2.5-3B-Instruct": "qwen2.5-3b-instruct.json",
-}
-
-
-class MemoryFitWarning(UserWarning):
-    """The estimated peak memory of a run is above 90% of the card's."""
 
 
 @dataclass(frozen=True)
@@ -367,77 +357,3 @@ def estimate_for(model_config, args, model_args, **kwargs) -> MemoryEstimate:
         attn_implementation=model_args.attn_implementation or "sdpa",
         **kwargs,
     )
-
-
-def architecture_config(name_or_path: str):
-    """A model's `PretrainedConfig` without a download: one of `MODEL_CONFIG_FILES` (the real `config.json` values,
-    kept in `recipes/configs/model_configs/`), a `config.json`-style file, or a local model folder.
-
-    Raises:
-        ValueError: anything else, naming the models known offline.
-    """
-    from transformers import AutoConfig
-
-    path = MODEL_CONFIG_DIR / MODEL_CONFIG_FILES[name_or_path] if name_or_path in MODEL_CONFIG_FILES else None
-    path = path or Path(name_or_path)
-    if path.is_dir() and (path / "config.json").is_file():
-        return AutoConfig.from_pretrained(path)
-    if path.is_file():
-        values = json.loads(path.read_text())
-        return AutoConfig.for_model(values.pop("model_type"), **values)
-    raise ValueError(
-        f"no architecture config for {name_or_path!r} without a download: use one of {sorted(MODEL_CONFIG_FILES)}, a "
-        "local model folder, or a config.json file (--model-config)"
-    )
-
-
-def fit_warning(estimate: MemoryEstimate, card_gib: float, name: str = "this run") -> str | None:
-    """A message naming the three largest terms when the peak is above 90% of `card_gib`, else None."""
-    if estimate.total <= 0.9 * card_gib:
-        return None
-    largest = ", ".join(f"{term} {gib:.2f} GiB" for term, gib in estimate.largest(3))
-    return (
-        f"{name} is estimated to peak at {estimate.total:.2f} GiB, above 90% of this {card_gib:.1f} GiB card "
-        f"({0.9 * card_gib:.2f} GiB); largest terms: {largest}. Lower per_device_train_batch_size, "
-        "max_completion_length or lora_r, set load_in_4bit, or pick a smaller preset (trl-grpo-ext memory --config "
-        "... prints the breakdown)."
-    )
-
-
-def cuda_card_gib() -> float | None:
-    """Memory of CUDA device 0 in GiB, or None without CUDA."""
-    import torch
-
-    return torch.cuda.get_device_properties(0).total_memory / GIB if torch.cuda.is_available() else None
-
-
-def warn_if_too_big(model_args, args, card_gib: float | None) -> MemoryEstimate | None:
-    """Warn (`MemoryFitWarning`) before a model is loaded when its run is estimated not to fit the card.
-
-    Returns the estimate, or None when there is no card or the architecture is not known locally (nothing downloads).
-    """
-    name = model_args.model_name_or_path
-    if card_gib is None or name is None or model_args.dtype not in ("bfloat16", "float16"):
-        return None
-    try:
-        model_config = architecture_config(name)
-    except ValueError:
-        return None
-    result = estimate_for(model_config, args, model_args, card_gib=card_gib)
-    message = fit_warning(result, card_gib, name)
-    if message:
-        warnings.warn(message, MemoryFitWarning, stacklevel=2)
-    return result
-
-
-def load_config(path, *overrides: str, use_cpu: bool = True):
-    """(GRPOConfig, ModelConfig) of a recipe YAML, ignoring the recipe's own script fields.
-
-    `use_cpu` (default) lets a bf16 config parse on a machine without a bf16 GPU; it changes no term of the estimate.
-    """
-    from trl import ModelConfig, TrlParser
-
-    from .config import GRPOConfig
-
-    argv = ["--config", str(path), "--use_cpu", str(use_cpu).lower(), *overrides]
-    return TrlParser((GRPOConfig, ModelConfig)).parse_args_and_config(argv, fail_with_unknown_args=False)
