@@ -145,6 +145,21 @@ def test_per_group_controllers_see_only_their_groups_entropy(tmp_path, tiny_mode
     assert metrics[f"entropy_reg/{high}/entropy"] == [pytest.approx(3.0)]
 
 
+def test_per_group_target_evaluates_with_the_mean_coefficient(tmp_path, tiny_model_dir):
+    """An evaluation batch has no policy groups: it gets the mean of the groups' coefficients, and evaluation leaves
+    the controllers alone."""
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=2), entropy_reg="target", entropy_target=8.0,
+                      entropy_target_per_group=True, policy_group_column="difficulty", remove_unused_columns=False,
+                      eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=8)  # fmt: skip
+    trainer = GRPOTrainer(tiny_model_dir, length_reward, args, _dataset(), eval_dataset=_dataset(8))
+    trainer.train()
+    evals = [row for row in trainer.state.log_history if "eval_loss" in row]
+    assert len(evals) == 2 and all(math.isfinite(row["eval_loss"]) for row in evals)
+    state = trainer.entropy_reg_state.controller.state_dict()
+    trainer.evaluate()
+    assert trainer.entropy_reg_state.controller.state_dict() == state
+
+
 def test_advantage_mode_feeds_trl_the_shifted_advantages(tmp_path, tiny_model_dir, monkeypatch):
     seen = []
     original = er.entropy_advantages

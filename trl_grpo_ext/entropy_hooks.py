@@ -150,16 +150,21 @@ class EntropyRegHooks:
         controller = self.entropy_reg_state.controller
         if controller is not None:
             keys = self._entropy_keys(batch, len(entropies))
-            coef = torch.tensor([controller.coefficient(key) for key in keys], device=entropies.device)
+            mean = sum(controller.coef.values()) / len(controller.coef)
+            coef = [mean if key == "mean" else controller.coefficient(key) for key in keys]
+            coef = torch.tensor(coef, device=entropies.device)
             extra = extra - er.entropy_bonus(entropies, mask, coef) / accumulation
             if training:
                 self._observe_entropy(keys, entropies.detach(), mask)
         return extra
 
     def _entropy_keys(self, batch, size: int) -> list[str]:
-        """The controller key of each of the `size` completions: its policy group's name, or `all`."""
+        """The controller key of each of the `size` completions: its policy group's name, or `all`. An evaluation
+        batch carries no policy groups: with per-group targets its completions get the mean coefficient (`mean`)."""
         if not self.args.entropy_target_per_group:
             return ["all"] * size
+        if "policy_group_ids" not in batch:
+            return ["mean"] * size
         names = self.policy_groups.names
         return [names[i] for i in batch["policy_group_ids"].tolist()]
 
