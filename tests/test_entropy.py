@@ -136,7 +136,9 @@ def test_per_group_controllers_see_only_their_groups_entropy(tmp_path, tiny_mode
     trainer = GRPOTrainer(tiny_model_dir, length_reward, args, _dataset())
     low, high = trainer.policy_groups.names[:2]
     # one completion of each group: the low one's mean entropy is 0.5 nats (below target), the high one's 3.0
-    trainer._observe_entropy([low, high], torch.tensor([[0.4, 0.6], [3.0, 3.0]]), torch.ones(2, 2))
+    names = trainer.policy_groups.names
+    ids = torch.tensor([names.index(low), names.index(high)])
+    trainer._observe_entropy(names, ids, torch.tensor([[0.4, 0.6], [3.0, 3.0]]), torch.ones(2, 2))
     controller = trainer.entropy_reg_state.controller
     assert controller.coef[low] == pytest.approx(0.5 * 0.5 + 0.02 * 0.5)  # default gains, e = 0.5
     assert controller.coef[high] == 0.0  # entropy above target: it is not pushed

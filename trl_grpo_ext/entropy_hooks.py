@@ -40,7 +40,7 @@ class EntropyRegHooks:
     entropy_reg_state: EntropyRegState | None = None
     _entropy_batch = None  # the copy of the batch TRL's loss is computing on, while it does
     _entropy_capture = None  # (log-probabilities (B, T) with gradient, entropies (B, T), tokens chosen (B, T))
-    _entropy_window = None  # key -> [entropy sum, token count] over the current accumulation window
+    _entropy_window = None  # (keys, (K, 2) [entropy sum, token count] per key) over the accumulation window
 
     def _init_entropy_reg(self) -> None:
         """Called at the end of `GRPOTrainer.__init__`.
@@ -59,7 +59,6 @@ class EntropyRegHooks:
             bounds = (args.entropy_coef_min, args.entropy_coef_max)
             controller = er.EntropyPI(args.entropy_target, args.entropy_pi_kp, args.entropy_pi_ki, bounds, keys)
         self.entropy_reg_state = EntropyRegState(controller)
-        self._entropy_window = {}
         if "kl_cov" in args.entropy_reg and args.num_iterations == 1:
             if args.steps_per_generation <= args.gradient_accumulation_steps:
                 logger.warning(
@@ -149,47 +148,48 @@ class EntropyRegHooks:
             self._metrics[mode][f"entropy_reg/{name}"].append((counts[0] / counts[1].clamp(min=1.0)).item())
         controller = self.entropy_reg_state.controller
         if controller is not None:
-            keys = self._entropy_keys(batch, len(entropies))
+            keys, ids = self._entropy_keys(batch, len(entropies))
             mean = sum(controller.coef.values()) / len(controller.coef)
-            coef = [mean if key == "mean" else controller.coefficient(key) for key in keys]
-            coef = torch.tensor(coef, device=entropies.device)
+            coefs = [mean if key == "mean" else controller.coefficient(key) for key in keys]
+            coef = torch.tensor(coefs, dtype=entropies.dtype, device=entropies.device)[ids]  # (B,)
             extra = extra - er.entropy_bonus(entropies, mask, coef) / accumulation
             if training:
-                self._observe_entropy(keys, entropies.detach(), mask)
+                self._observe_entropy(keys, ids, entropies.detach(), mask)
         return extra
 
-    def _entropy_keys(self, batch, size: int) -> list[str]:
-        """The controller key of each of the `size` completions: its policy group's name, or `all`. An evaluation
-        batch carries no policy groups: with per-group targets its completions get the mean coefficient (`mean`)."""
-        if not self.args.entropy_target_per_group:
-            return ["all"] * size
-        if "policy_group_ids" not in batch:
-            return ["mean"] * size
-        names = self.policy_groups.names
-        return [names[i] for i in batch["policy_group_ids"].tolist()]
+    def _entropy_keys(self, batch, size: int) -> tuple[list[str], torch.Tensor]:
+        """The controller keys K and each of the `size` completions' index among them, (B,): the policy groups'
+        names, or `all`. An evaluation batch carries no policy groups: with per-group targets its completions get the
+        mean coefficient (`mean`)."""
+        device = batch["completion_mask"].device
+        if self.args.entropy_target_per_group and "policy_group_ids" in batch:
+            return list(self.policy_groups.names), batch["policy_group_ids"]
+        key = "mean" if self.args.entropy_target_per_group else "all"
+        return [key], torch.zeros(size, dtype=torch.long, device=device)
 
-    def _observe_entropy(self, keys: list[str], entropies: torch.Tensor, mask: torch.Tensor) -> None:
+    def _observe_entropy(self, keys: list[str], ids: torch.Tensor, entropies: torch.Tensor, mask) -> None:
         """Add this micro-batch's entropy sums per key to the window; at its end, reduce over processes (every
-        process then holds the same measurement) and update the controllers."""
+        process then holds the same measurement) and update the controllers. `keys` are the same on every process
+        (policy groups change on all at once); a window whose keys changed midway (a regroup) starts anew."""
         tokens = mask.to(entropies.dtype)
-        per_completion = torch.stack([(entropies * tokens).sum(1), tokens.sum(1)], dim=1).double().cpu()  # (B, 2)
-        for key, row in zip(keys, per_completion, strict=True):
-            self._entropy_window[key] = self._entropy_window.get(key, 0) + row
+        per_completion = torch.stack([(entropies * tokens).sum(1), tokens.sum(1)], dim=1).double()  # (B, 2)
+        sums = torch.zeros(len(keys), 2, dtype=torch.float64, device=entropies.device).index_add_(
+            0, ids, per_completion
+        )
+        window = self._entropy_window
+        self._entropy_window = (keys, sums if window is None or window[0] != keys else window[1] + sums)
         if not self.accelerator.sync_gradients:
             return
+        totals = self.accelerator.reduce(self._entropy_window[1], reduction="sum").tolist()  # (K, 2)
+        self._entropy_window = None
+        measured = {key: s / n for key, (s, n) in zip(keys, totals, strict=True) if n > 0}
         controller = self.entropy_reg_state.controller
-        # the same keys in the same order on every process (a window entry of a group renamed since is dropped)
-        all_keys = list(self.policy_groups.names) if self.args.entropy_target_per_group else ["all"]
-        local = torch.stack([self._entropy_window.get(key, torch.zeros(2, dtype=torch.float64)) for key in all_keys])
-        totals = self.accelerator.reduce(local.to(self.accelerator.device), reduction="sum").cpu()  # (K, 2)
-        self._entropy_window = {}
-        measured = {key: (s / n).item() for key, (s, n) in zip(all_keys, totals, strict=True) if n > 0}
         controller.update(measured)
         metrics = self._metrics["train"]
         if self.args.entropy_target_per_group:
-            for key in all_keys:
+            for key in keys:
                 metrics[f"entropy_reg/{key}/coef"].append(controller.coefficient(key))
                 if key in measured:
                     metrics[f"entropy_reg/{key}/entropy"].append(measured[key])
-        coefs = [controller.coefficient(key) for key in all_keys if key in measured] or [0.0]
+        coefs = [controller.coefficient(key) for key in keys if key in measured] or [0.0]
         metrics["entropy_reg/coef"].append(sum(coefs) / len(coefs))
