@@ -6,7 +6,8 @@ Every option runs the same tiny-model GRPO job as `trl.GRPOTrainer` (1,024-token
 tokens a step); the adaptive-KL option and its baseline both use `beta=0.04`. `target` is also timed against TRL's
 own static entropy bonus (`entropy_coef=0.01`), the same loss term with a fixed coefficient: any entropy bonus pays
 for the backward pass through the entropy of the full next-token distribution. Runs are interleaved (baseline, option,
-baseline, ...) so that machine load hits both alike. The figure is the median of TRL's logged `step_time` over the
+baseline, ...) so that machine load hits both alike, and the first row times TRL against itself: its distance from
+1 is the noise of the measurement on this machine. The figure is the median of TRL's logged `step_time` over the
 steps after the first 5, then the median over repeats, and the ratio option / baseline. Run it on an idle machine.
 """
 
@@ -28,6 +29,7 @@ from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows  # noqa: E402
 from trl_grpo_ext.tiny_model import save_tiny_model  # noqa: E402
 
 OPTIONS = {
+    "A/A: TRL against itself": {"stock": True},  # the noise of the measurement: its ratio should be 1
     "entropy_reg=target": {"entropy_reg": "target", "entropy_target": 1.0},
     "entropy_reg=target vs TRL's bonus": {
         "entropy_reg": "target",
@@ -74,10 +76,11 @@ def main() -> None:
         for name in cli.options:
             extra = dict(OPTIONS[name])
             base_extra = extra.pop("baseline", {"beta": extra["beta"]} if "beta" in extra else {})
+            ours_is_stock = extra.pop("stock", False)
             base, ours = [], []
             for _ in range(cli.repeats):
                 base.append(step_time(model_dir, cli.steps, False, base_extra, f"{tmp}/base"))
-                ours.append(step_time(model_dir, cli.steps, True, extra, f"{tmp}/ours"))
+                ours.append(step_time(model_dir, cli.steps, not ours_is_stock, extra, f"{tmp}/ours"))
             ratio = statistics.median(ours) / statistics.median(base)
             results[name] = {"trl_s": base, "ours_s": ours, "ratio": ratio}
             base_ms, ours_ms = statistics.median(base) * 1e3, statistics.median(ours) * 1e3
