@@ -4,9 +4,7 @@ that parses; the GSM8K recipe launched with ddp.yaml on 2 CPU processes holds th
 import importlib.util
 import json
 import math
-import os
 import shlex
-import subprocess
 import sys
 
 import pytest
@@ -16,6 +14,7 @@ from accelerate.commands.launch import launch_command_parser
 from accelerate.utils import ComputeEnvironment, DistributedType
 
 from tests.conftest import REPO_ROOT
+from tests.resume_check import run_distributed
 from trl_grpo_ext.resume import checkpoint_problem, load_resume_state
 
 ACCELERATE_DIR = REPO_ROOT / "recipes" / "accelerate"
@@ -113,9 +112,7 @@ def test_recipe_on_two_processes_holds_the_same_state_on_both(tmp_path):
         "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2", "--policy_group_update_steps", "1",
         "--entropy_reg", "target", "--entropy_target", "7.0", "--eval_limit", "0", "--output_dir", str(out),
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # 2 processes on 2 cores: one thread each
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_distributed(cmd, timeout=600, output_dir=str(out))
 
     for step in (2, 4):
         checkpoint = str(out / f"checkpoint-{step}")
