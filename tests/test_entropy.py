@@ -39,15 +39,23 @@ def test_pi_controller_step_response_and_anti_windup():
     assert pi.coef["all"] == pytest.approx(0.175)
 
 
-def test_pi_controller_stays_at_its_floor_while_entropy_is_high_and_adopts_new_groups():
-    pi = er.EntropyPI(target=1.0, kp=0.1, ki=0.05, bounds=(0.01, 1.0), keys=["a", "b"])
+def test_pi_controller_stays_at_its_floor_while_entropy_is_high_and_follows_regroups():
+    pi = er.EntropyPI(target=1.0, kp=0.1, ki=0.05, bounds=(0.01, 1.0), keys=["a", "b", "c"])
     pi.update({"a": 6.0, "b": 0.0})  # a: e = -5, output -0.75 < floor: not integrated; b: e = 1 -> 0.1 + 0.05
-    assert pi.coef == {"a": 0.01, "b": pytest.approx(0.15)}
-    assert pi.integral == {"a": 0.0, "b": 1.0}
+    assert pi.coef == {"a": 0.01, "b": pytest.approx(0.15), "c": 0.01}
+    assert pi.integral == {"a": 0.0, "b": 1.0, "c": 0.0}
     pi.update({"a": math.nan})  # no measurement: unchanged
     assert pi.coef["a"] == 0.01
-    assert pi.coefficient("a+b") == pytest.approx((0.01 + 0.15) / 2)  # a merge starts from its parents' mean
-    assert pi.coefficient("b/lo") == pytest.approx(0.15)  # a split child from its parent
+    # a+b merged from 30 prompts of a and 10 of b: weighted (0.01*30 + 0.15*10) / 40 = 0.045; I = (0*30 + 1*10) / 40
+    # c split into c/lo and c/hi; old keys are dropped
+    pi.regroup({"a+b": {"a": 30, "b": 10}, "c/lo": {"c": 5}, "c/hi": {"c": 5}})
+    assert pi.coef == {"a+b": pytest.approx(0.045), "c/lo": 0.01, "c/hi": 0.01}
+    assert pi.integral["a+b"] == pytest.approx(0.25)
+    # a second merge takes its real parents' state, not that of the names it is spelled with
+    pi.update({"a+b": 0.0})  # e = 1: I = 1.25, c = 0.1 + 0.05 * 1.25 = 0.1625
+    pi.regroup({"a+b+c/lo": {"a+b": 1, "c/lo": 1}, "c/hi": {"c/hi": 1}})
+    assert pi.coef["a+b+c/lo"] == pytest.approx((0.1625 + 0.01) / 2)
+    assert pi.mean_coefficient() == pytest.approx(((0.1625 + 0.01) / 2 + 0.01) / 2)
     state = pi.state_dict()
     other = er.EntropyPI(target=1.0, kp=0.1, ki=0.05, bounds=(0.01, 1.0), keys=["a"])
     other.load_state_dict(state)
@@ -77,11 +85,15 @@ def test_token_covariance_and_the_two_masks():
     chosen = er.kl_cov_mask(cov, mask, 0.4)
     assert chosen.tolist() == [[True, False, False], [False, True, False]]
     # Clip-Cov: a random max(int(0.2 * 5), 1) = 1 token among those with lb < cov < ub: only (0, 0) has 1 > 0.5
-    chosen = er.clip_cov_mask(cov, mask.bool(), 0.2, (0.5, 5.0), torch.Generator().manual_seed(0))
+    chosen = er.clip_cov_mask(cov, mask.bool(), 5, 0.2, (0.5, 5.0), torch.Generator().manual_seed(0))
     assert chosen.tolist() == [[True, False, False], [False, False, False]]
     # with wide bounds, 2 of the 5 valid tokens are drawn, never padding, and the same seed draws the same ones
-    draws = [er.clip_cov_mask(cov, mask.bool(), 0.4, (-100, 100), torch.Generator().manual_seed(s)) for s in (1, 1)]
+    draws = [er.clip_cov_mask(cov, mask.bool(), 5, 0.4, (-100, 100), torch.Generator().manual_seed(1)) for _ in "ab"]
     assert draws[0].equal(draws[1]) and int(draws[0].sum()) == 2 and not (draws[0] & ~mask.bool()).any()
+    # the count is over all valid tokens (the reference's): int(0.4 * 5) = 2 of the 4 candidates with cov > -2.5,
+    # where counting the candidates would give int(0.4 * 4) = 1
+    few = er.clip_cov_mask(cov, mask.bool() & (cov > -2.5), 5, 0.4, (-100, 100), torch.Generator().manual_seed(2))
+    assert int(few.sum()) == 2
 
 
 def test_kl_cov_penalty_value_and_gradient():
@@ -221,6 +233,31 @@ def test_kl_cov_penalty_enters_the_loss_once_the_policy_has_moved(tmp_path, tiny
     assert rows[1]["entropy_reg/penalized_frac"] == pytest.approx(0.5, abs=0.02)
 
 
+def test_command_line_lists_and_comma_strings_give_the_same_modes(tmp_path):
+    from trl import TrlParser
+
+    base = ["--output_dir", str(tmp_path), "--use_cpu", "true", "--bf16", "false"]
+    for argv in (["--entropy_reg", "clip_cov,advantage"], ["--entropy_reg", "clip_cov", "advantage"]):
+        (args,) = TrlParser((GRPOConfig,)).parse_args_and_config([*base, *argv, "--grad_reg", "zclip,agc"])
+        assert args.entropy_reg == ["clip_cov", "advantage"] and args.grad_reg == ["zclip", "agc"]
+
+
+def test_per_group_controllers_follow_merges(tmp_path, tiny_model_dir):
+    """Regrouping every step with a wide merge tolerance merges policy groups during training: the controllers must
+    then be exactly the current groups (old ones dropped), on the way and at the end."""
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=4), entropy_reg="target", entropy_target=8.0,
+                      entropy_target_per_group=True, policy_group_column="difficulty", remove_unused_columns=False,
+                      policy_group_regroup_steps=1, policy_group_merge_tol=10.0, policy_group_min_size=1,
+                      min_policy_groups=1, num_policy_groups=1)  # fmt: skip
+    trainer = GRPOTrainer(tiny_model_dir, length_reward, args, _dataset())
+    start = len(trainer.policy_groups.names)
+    trainer.train()
+    assert len(trainer.policy_groups.names) < start, "no merge happened: the test does not test anything"
+    controller = trainer.entropy_reg_state.controller
+    assert list(controller.coef) == list(trainer.policy_groups.names)
+    assert all(c > 0 for c in controller.coef.values())  # 8 nats target: every group's controller acted
+
+
 def test_per_group_target_without_policy_groups_is_an_error(tmp_path, tiny_model_dir):
     args = GRPOConfig(**small_grpo_kwargs(tmp_path), entropy_reg="target", entropy_target_per_group=True)
     with pytest.raises(ValueError, match="entropy_target_per_group=True needs policy groups"):
@@ -243,6 +280,12 @@ def test_per_group_target_without_policy_groups_is_an_error(tmp_path, tiny_model
         ({"clip_cov_lb": 5.0}, r"clip_cov_lb \(5.0\) < clip_cov_ub \(5.0\)"),
         ({"kl_cov_coef": -1.0}, "kl_cov_coef must be >= 0, got -1.0"),
         ({"entropy_advantage_coef": -0.5}, "entropy_advantage_coef must be >= 0, got -0.5"),
+        ({"entropy_advantage_coef": float("inf")}, "entropy_advantage_coef must be a finite number, got inf"),
+        ({"entropy_reg": "target", "entropy_target": float("nan")}, "entropy_target must be a finite number, got nan"),
+        ({"clip_cov_lb": float("nan")}, "clip_cov_lb must be a finite number, got nan"),
+        ({"entropy_reg": 5}, "entropy_reg must be a list of modes .* got 5"),
+        ({"entropy_reg": "clip_cov", "loss_type": "cispo"}, "clip_cov.* loss_type \\(got 'cispo'\\)"),
+        ({"entropy_reg": "clip_cov", "importance_sampling_level": "sequence"}, "importance_sampling_level='token'"),
     ],
 )
 def test_bad_entropy_settings_name_the_field_and_value(tmp_path, overrides, message):

@@ -122,11 +122,16 @@ def test_per_token_kl_by_hand():
         ({"grad_reg": ["agc"], "max_grad_norm": 0.0}, "needs max_grad_norm > 0, got 0.0"),
         ({"zclip_alpha": 1.0}, "zclip_alpha must be in (0, 1), got 1.0"),
         ({"zclip_z_threshold": 0.0}, "zclip_z_threshold must be > 0, got 0.0"),
-        ({"zclip_warmup_steps": 0}, "zclip_warmup_steps must be > 0, got 0"),
+        ({"zclip_warmup_steps": 1}, "zclip_warmup_steps must be an integer >= 2 (the warm-up estimates a variance), "
+                                    "got 1"),
+        ({"zclip_warmup_steps": 2.5}, "zclip_warmup_steps must be an integer >= 2 (the warm-up estimates a "
+                                      "variance), got 2.5"),
         ({"agc_clip": -0.01}, "agc_clip must be > 0, got -0.01"),
         ({"agc_eps": 0.0}, "agc_eps must be > 0, got 0.0"),
-        ({"grad_reg_max_skips": 0}, "grad_reg_max_skips must be > 0, got 0"),
-        ({"kl_horizon": 0}, "kl_horizon must be > 0, got 0"),
+        ({"grad_reg_max_skips": 0}, "grad_reg_max_skips must be an integer >= 1, got 0"),
+        ({"kl_horizon": 0}, "kl_horizon must be an integer >= 1, got 0"),
+        ({"kl_target": float("inf"), "beta": 0.04}, "kl_target must be a finite number, got inf"),
+        ({"grad_reg": ["zclip"], "max_grad_norm": None}, "needs max_grad_norm > 0, got None"),
         ({"kl_target": -0.1}, "kl_target must be > 0, got -0.1"),
         ({"kl_target": 0.01, "beta": 0.0}, "kl_target (0.01) adapts beta multiplicatively: it needs beta > 0"),
     ],
@@ -328,7 +333,7 @@ def test_lora_trains_with_zclip_agc_and_adaptive_kl(tiny_model_dir, tmp_path):
     """Zero-initialized lora_B is left to the global clip (AGC would hold each of its rows at λ·ε = 1e-5), and β
     follows Ziegler et al.'s rule on the KL TRL logs."""
     trainer = _trainer(
-        tmp_path, tiny_model_dir, grad_reg=["zclip", "agc"], zclip_warmup_steps=1, max_steps=3, learning_rate=5e-2,
+        tmp_path, tiny_model_dir, grad_reg=["zclip", "agc"], zclip_warmup_steps=2, max_steps=3, learning_rate=5e-2,
         beta=0.04, kl_target=0.01, kl_horizon=100, peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
     )  # fmt: skip
     lora_b_rows = []

@@ -17,6 +17,7 @@ COLUMNS = (
 )
 PLOT_NAME = "training_curves.png"
 GROUPS_PLOT_NAME = "policy_groups.png"
+EXTENSION_METRICS = ("policy_groups/", "entropy_reg/", "grad_reg/", "kl_coef")  # kept in the history too
 HISTORY_NAME = "training_metrics.jsonl"
 
 
@@ -41,7 +42,7 @@ class MetricsTableCallback(TrainerCallback):
         if "reward" not in logs:
             return
         row = {"step": state.global_step, **{key: logs.get(key) for key, _, _ in COLUMNS}}
-        row.update({key: value for key, value in logs.items() if key.startswith("policy_groups/")})
+        row.update({key: value for key, value in logs.items() if key.startswith(EXTENSION_METRICS)})
         if not self.rows:
             print(" ".join(["step".rjust(5), *(title.rjust(len(fmt.format(0.0))) for _, title, fmt in COLUMNS)]))
         self.rows.append(row)

@@ -38,7 +38,21 @@ def _tiny_model(argv: list[str]) -> int:
     return 0
 
 
+def _positive(kind):
+    """An argparse type: `kind` (int or float) > 0, else a usage error naming the value."""
+
+    def parse(text: str):
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
 def _memory(argv: list[str]) -> int:
+    from pathlib import Path
+
     from . import memory, presets
 
     parser = argparse.ArgumentParser(
@@ -47,16 +61,26 @@ def _memory(argv: list[str]) -> int:
         "Any other --field value pair overrides the config. Exit code 1 when the peak is above 90%% of --card-gib.",
     )
     parser.add_argument("--config", required=True, help="recipe YAML (GRPOConfig and ModelConfig fields)")
-    parser.add_argument("--card-gib", type=float, help="the card's memory in GiB: says whether the run fits")
     parser.add_argument(
-        "--prompt-length", type=int, default=memory.DEFAULT_PROMPT_LENGTH, help="longest prompt in a batch, tokens"
+        "--card-gib", type=_positive(float), help="the card's memory in GiB: says whether the run fits"
+    )
+    parser.add_argument(
+        "--prompt-length",
+        type=_positive(int),
+        default=memory.DEFAULT_PROMPT_LENGTH,
+        help="longest prompt in a batch, tokens",
     )
     parser.add_argument("--model-config", help="the model's config.json (default: known models, local folders)")
     args, overrides = parser.parse_known_args(argv)
+    if not Path(args.config).is_file():
+        parser.error(f"--config {args.config}: no such file")
     try:
         training_args, model_args = presets.load_config(args.config, *overrides)
         if not (args.model_config or model_args.model_name_or_path):
-            raise ValueError(f"{args.config} sets no model_name_or_path: pass --model-config with a config.json")
+            raise ValueError(
+                f"{args.config} sets no model_name_or_path (a tiny_model config builds its model at run time): pass "
+                "--model-config with a config.json or a model folder"
+            )
         model_config = presets.architecture_config(args.model_config or model_args.model_name_or_path)
         result = memory.estimate_for(
             model_config, training_args, model_args, prompt_length=args.prompt_length, card_gib=args.card_gib

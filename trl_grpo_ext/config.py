@@ -1,6 +1,7 @@
 """`GRPOConfig`: TRL's GRPO configuration plus this package's settings, every one of them off by default."""
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from trl.trainer.grpo_config import GRPOConfig as TRLGRPOConfig  # TRL's class, also after register()
@@ -99,7 +100,9 @@ class GRPOConfig(TRLGRPOConfig):
             entropy-bonus coefficient each optimizer step, within [`entropy_coef_min`, `entropy_coef_max`]),
             `clip_cov` or `kl_cov` (covariance-based, Cui et al. 2025, arXiv:2505.22617; one of the two),
             `advantage` (A_i ← A_i + τ·H_i, H_i the completion's mean token entropy, detached). A string may list
-            several, comma-separated. Needs TRL's `entropy_coef=0` and `use_adaptive_entropy=False`.
+            several, comma-separated. Needs TRL's `entropy_coef=0` and `use_adaptive_entropy=False`; `clip_cov`
+            needs a PPO-clipped `loss_type` with `importance_sampling_level="token"`. The `target` bonus acts on
+            all completion tokens, also when `top_entropy_quantile < 1`.
         entropy_target_per_group (`bool`, *optional*, defaults to `False`):
             With `target` and policy groups: one controller and coefficient per policy group, each holding its own
             group's entropy at `entropy_target`.
@@ -133,7 +136,8 @@ class GRPOConfig(TRLGRPOConfig):
         zclip_z_threshold (`float`, *optional*, defaults to `2.5`):
             z-score above which ZClip clips.
         zclip_warmup_steps (`int`, *optional*, defaults to `25`):
-            Optimizer steps whose norms start ZClip's statistics; only `max_grad_norm` clips during them.
+            Optimizer steps whose norms start ZClip's statistics (an integer >= 2; 10 or more gives a usable variance);
+            only `max_grad_norm` clips during them.
         agc_clip (`float`, *optional*, defaults to `0.01`):
             AGC's λ: a unit's gradient norm is kept at most λ·max(‖W_unit‖, `agc_eps`). LoRA factors that PEFT
             initializes to zero (`lora_B`, `lora_embedding_A`) are exempt, since their bound would be λ·ε; the global
@@ -355,9 +359,19 @@ class GRPOConfig(TRLGRPOConfig):
             )
         if {"clip_cov", "kl_cov"} <= set(modes):
             raise ValueError(f"entropy_reg={modes}: choose one of clip_cov and kl_cov")
+        if "clip_cov" in modes and (
+            self.loss_type in ("cispo", "sapo", "vespo") or self.importance_sampling_level != "token"
+        ):
+            raise ValueError(
+                f"entropy_reg 'clip_cov' leaves alone the tokens PPO's token-level clip acts on: it needs a clipped "
+                f"loss_type (got {self.loss_type!r}) with importance_sampling_level='token' (got "
+                f"{self.importance_sampling_level!r})"
+            )
         if self.entropy_target_per_group and "target" not in modes:
             raise ValueError(f"entropy_target_per_group=True needs 'target' in entropy_reg (got {modes})")
         if "target" in modes:
+            _check_finite(entropy_target=self.entropy_target, entropy_pi_kp=self.entropy_pi_kp,
+                          entropy_pi_ki=self.entropy_pi_ki)  # fmt: skip
             if self.entropy_target <= 0:
                 raise ValueError(f"entropy_reg 'target' needs entropy_target > 0 nats, got {self.entropy_target}")
             if self.entropy_pi_kp < 0 or self.entropy_pi_ki < 0 or self.entropy_pi_kp + self.entropy_pi_ki == 0:
@@ -370,6 +384,9 @@ class GRPOConfig(TRLGRPOConfig):
                     f"need 0 <= entropy_coef_min ({self.entropy_coef_min}) < entropy_coef_max "
                     f"({self.entropy_coef_max})"
                 )
+        _check_finite(clip_cov_ratio=self.clip_cov_ratio, kl_cov_ratio=self.kl_cov_ratio, clip_cov_lb=self.clip_cov_lb,
+                      clip_cov_ub=self.clip_cov_ub, kl_cov_coef=self.kl_cov_coef,
+                      entropy_advantage_coef=self.entropy_advantage_coef)  # fmt: skip
         for name in ("clip_cov_ratio", "kl_cov_ratio"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
@@ -381,20 +398,32 @@ class GRPOConfig(TRLGRPOConfig):
 
     def _check_grad_reg_fields(self) -> None:
         self.grad_reg = _mode_list("grad_reg", self.grad_reg, GRAD_REG_MODES)
-        if self.grad_reg and not self.max_grad_norm > 0:
+        if self.grad_reg and not (self.max_grad_norm is not None and self.max_grad_norm > 0):
             raise ValueError(
                 f"grad_reg={self.grad_reg} works where the Trainer clips gradients: it needs max_grad_norm > 0, got "
                 f"{self.max_grad_norm}"
             )
+        _check_finite(zclip_alpha=self.zclip_alpha, zclip_z_threshold=self.zclip_z_threshold, agc_clip=self.agc_clip,
+                      agc_eps=self.agc_eps, kl_target=self.kl_target)  # fmt: skip
         if not 0.0 < self.zclip_alpha < 1.0:
             raise ValueError(f"zclip_alpha must be in (0, 1), got {self.zclip_alpha}")
+        for name in ("zclip_warmup_steps", "grad_reg_max_skips", "kl_horizon"):
+            value = getattr(self, name)
+            if (
+                not isinstance(value, int)
+                or isinstance(value, bool)
+                or value < (2 if name == "zclip_warmup_steps" else 1)
+            ):
+                least = (
+                    "an integer >= 2 (the warm-up estimates a variance)"
+                    if name == "zclip_warmup_steps"
+                    else ("an integer >= 1")
+                )
+                raise ValueError(f"{name} must be {least}, got {value!r}")
         positive = {
             "zclip_z_threshold": self.zclip_z_threshold,
-            "zclip_warmup_steps": self.zclip_warmup_steps,
             "agc_clip": self.agc_clip,
             "agc_eps": self.agc_eps,
-            "grad_reg_max_skips": self.grad_reg_max_skips,
-            "kl_horizon": self.kl_horizon,
             "kl_target": self.kl_target,
         }
         for name, value in positive.items():
@@ -426,15 +455,30 @@ class GRPOConfig(TRLGRPOConfig):
 
 
 def _mode_list(name: str, value, allowed: tuple[str, ...]) -> list[str]:
-    """`value` (a list, or a comma-separated string from a YAML or the command line) as a list of modes.
+    """`value` (a list, or a comma-separated string from a YAML or the command line, whose parser gives a list of such
+    strings) as a list of modes.
 
     Raises:
-        ValueError: an unknown or repeated mode, naming the field.
+        ValueError: not a string or a list of strings, or an unknown or repeated mode, naming the field.
     """
-    modes = [m.strip() for m in value.split(",") if m.strip()] if isinstance(value, str) else list(value or [])
+    items = [value] if isinstance(value, str) else value if isinstance(value, list | tuple) else None
+    if value is None:
+        items = []
+    if items is None or not all(isinstance(item, str) for item in items):
+        raise ValueError(
+            f"{name} must be a list of modes among {list(allowed)} or a comma-separated string, got {value!r}"
+        )
+    modes = [mode.strip() for item in items for mode in item.split(",") if mode.strip()]
     for mode in modes:
         if mode not in allowed:
             raise ValueError(f"{name} entries must be among {list(allowed)}, got {mode!r}")
     if len(set(modes)) != len(modes):
         raise ValueError(f"{name} lists a mode twice: {modes}")
     return modes
+
+
+def _check_finite(**values) -> None:
+    """Raises ValueError naming the first field whose value is NaN or infinite (None is allowed)."""
+    for name, value in values.items():
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value}")

@@ -52,16 +52,18 @@ def token_covariance(logps: torch.Tensor, advantages: torch.Tensor, means: tuple
 def clip_cov_mask(
     cov: torch.Tensor,
     candidates: torch.Tensor,
+    num_valid: int,
     ratio: float,
     bounds: tuple[float, float],
     generator: torch.Generator,
 ) -> torch.Tensor:
-    """Clip-Cov's tokens (arXiv:2505.22617, Clip-Cov): a random `ratio` of the valid tokens (at least one),
-    drawn among the `candidates` (B, T) bool whose covariance `cov` (B, T) lies strictly inside `bounds` = (ω_low,
-    ω_high). Returns a (B, T) bool mask of the tokens whose gradient is detached; the draw uses `generator` (CPU).
+    """Clip-Cov's tokens (arXiv:2505.22617, Clip-Cov): `ratio` of the `num_valid` completion tokens (at least one),
+    drawn at random among the `candidates` (B, T) bool whose covariance `cov` (B, T) lies strictly inside `bounds` =
+    (ω_low, ω_high). Returns a (B, T) bool mask of the tokens whose gradient is detached; the draw uses `generator`
+    (CPU). The count is taken over all valid tokens, as in the reference implementation.
     """
     inside = candidates & (cov > bounds[0]) & (cov < bounds[1])
-    count = max(int(ratio * int(candidates.sum())), 1)
+    count = max(int(ratio * num_valid), 1)
     chosen = torch.zeros_like(inside)
     index = inside.flatten().nonzero().flatten().cpu()
     if len(index):
@@ -103,8 +105,8 @@ class EntropyPI:
         c = clip(k_p·e + k_i·I, c_min, c_max)
     The PI law and clamping anti-windup are the textbook ones (Åström & Murray, *Feedback Systems*, 2nd ed., ch. 11,
     PID control and integrator windup). The bonus −c·H enters the loss (TRL's objective L = L_policy − c·H), so a
-    larger c raises entropy. A key with no measurement in a step keeps its state. A new key (a policy group made by
-    a merge "a+b" or split "a/lo", "a/hi") starts from the mean state of the keys its name is made of, else of all.
+    larger c raises entropy. A key with no measurement in a step keeps its state. When policy groups change,
+    `regroup` gives each new group the state of the groups its prompts came from.
     """
 
     def __init__(self, target: float, kp: float, ki: float, bounds: tuple[float, float], keys: list[str]):
@@ -113,9 +115,14 @@ class EntropyPI:
         self.integral = {key: 0.0 for key in keys}
 
     def coefficient(self, key: str) -> float:
+        """The coefficient of `key`; a key never seen starts at `c_min` with no integral."""
         if key not in self.coef:
-            self._adopt(key)
+            self.coef[key], self.integral[key] = self.bounds[0], 0.0
         return self.coef[key]
+
+    def mean_coefficient(self) -> float:
+        """The mean coefficient over the keys (used for completions of no policy group, e.g. evaluation)."""
+        return sum(self.coef.values()) / len(self.coef) if self.coef else self.bounds[0]
 
     def update(self, measured: dict[str, float]) -> None:
         """Fold in one optimizer step's mean token entropy per key (nats); NaN or missing keys are skipped."""
@@ -133,13 +140,19 @@ class EntropyPI:
             self.integral[key] = integral
             self.coef[key] = min(max(output, low), high)
 
-    def _adopt(self, key: str) -> None:
-        parts = {part.removesuffix("/lo").removesuffix("/hi") for part in key.split("+")}
-        parents = [k for k in self.coef if k in parts] or list(self.coef)
-        self.coef[key] = sum(self.coef[k] for k in parents) / len(parents) if parents else self.bounds[0]
-        self.integral[key] = sum(self.integral[k] for k in parents) / len(parents) if parents else 0.0
+    def regroup(self, parents: dict[str, dict[str, float]]) -> None:
+        """Replace the keys by those of `parents` (new key -> {old key: weight, e.g. prompts it took}): each new key
+        gets the weighted mean coefficient and integral of its old keys; old keys not listed are dropped."""
+        coef, integral = {}, {}
+        for key, weights in parents.items():
+            known = {old: w for old, w in weights.items() if old in self.coef and w > 0}
+            total = sum(known.values())
+            coef[key] = sum(self.coef[o] * w for o, w in known.items()) / total if total else self.bounds[0]
+            integral[key] = sum(self.integral[o] * w for o, w in known.items()) / total if total else 0.0
+        self.coef, self.integral = coef, integral
 
     def state_dict(self) -> dict:
+        """Plain floats by key, for checkpoints."""
         return {"coef": dict(self.coef), "integral": dict(self.integral)}
 
     def load_state_dict(self, state: dict) -> None:

@@ -67,6 +67,21 @@ class EntropyRegHooks:
                     "gradient_accumulation_steps it has no effect"
                 )
 
+    def _regroup(self, names, assignment, reason: str) -> None:
+        """Policy groups changed (merge, split, refinement): each new group's controller takes the state of the groups
+        its prompts came from, weighted by prompts; the old groups' controllers are dropped."""
+        controller = None if self.entropy_reg_state is None else self.entropy_reg_state.controller
+        if controller is None or not self.args.entropy_target_per_group:
+            return super()._regroup(names, assignment, reason)
+        old_names, old_ids = list(self.policy_groups.names), self.policy_groups.assignment.clone()
+        super()._regroup(names, assignment, reason)
+        new_ids = self.policy_groups.assignment
+        parents = {}
+        for group, name in enumerate(self.policy_groups.names):
+            ids, counts = torch.unique(old_ids[new_ids == group], return_counts=True)
+            parents[name] = {old_names[i]: float(c) for i, c in zip(ids.tolist(), counts.tolist(), strict=True)}
+        controller.regroup(parents)
+
     def _compute_loss(self, model, inputs):
         if self.entropy_reg_state is None:
             return super()._compute_loss(model, inputs)
@@ -87,15 +102,18 @@ class EntropyRegHooks:
         logps, entropies = result[0], result[1]  # (B, T) each
         mask = batch["completion_mask"] if "tool_mask" not in batch else batch["completion_mask"] * batch["tool_mask"]
         if "advantage" in modes:
-            batch["advantages"] = er.entropy_advantages(
-                batch["advantages"], entropies, mask, self.args.entropy_advantage_coef
+            shifted = er.entropy_advantages(batch["advantages"], entropies, mask, self.args.entropy_advantage_coef)
+            shift = self.accelerator.gather((shifted - batch["advantages"]).float().reshape(len(shifted), -1)[:, 0])
+            self._metrics["train" if self.model.training else "eval"]["entropy_reg/advantage_shift"].append(
+                shift.mean().item()
             )
+            batch["advantages"] = shifted
         chosen = None
         if "clip_cov" in modes or "kl_cov" in modes:
             cov = er.token_covariance(logps, batch["advantages"], self._global_means(logps, batch["advantages"], mask))
             if "clip_cov" in modes:
                 chosen = er.clip_cov_mask(
-                    cov, mask.bool() & ~self._ppo_clipped(logps, batch), self.args.clip_cov_ratio,
+                    cov, mask.bool() & ~self._ppo_clipped(logps, batch), int(mask.sum()), self.args.clip_cov_ratio,
                     (self.args.clip_cov_lb, self.args.clip_cov_ub), self._clip_cov_generator(),
                 )  # fmt: skip
                 logps = torch.where(chosen, logps.detach(), logps)
@@ -149,8 +167,7 @@ class EntropyRegHooks:
         controller = self.entropy_reg_state.controller
         if controller is not None:
             keys, ids = self._entropy_keys(batch, len(entropies))
-            mean = sum(controller.coef.values()) / len(controller.coef)
-            coefs = [mean if key == "mean" else controller.coefficient(key) for key in keys]
+            coefs = [controller.mean_coefficient() if key == "mean" else controller.coefficient(key) for key in keys]
             coef = torch.tensor(coefs, dtype=entropies.dtype, device=entropies.device)[ids]  # (B,)
             extra = extra - er.entropy_bonus(entropies, mask, coef) / accumulation
             if training:

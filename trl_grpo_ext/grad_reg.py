@@ -140,8 +140,11 @@ class AdaptiveKL:
 
         e = clip(KL / KL_target − 1, −0.2, 0.2),   β ← β·(1 + e·n / horizon)
 
-    KL in nats per token, n the completions of the optimizer step (all processes), horizon in completions. β stays
-    at least `min_beta` (> 0: TRL computes the reference log-probabilities only while β != 0).
+    KL in nats per token, n the completions of the optimizer step (all processes), horizon in completions. The paper
+    writes the gain as K_β; K_β = n / horizon is the form of its code (openai/lm-human-preferences,
+    `AdaptiveKLController`), also used by TRL's PPO and verl. β stays at least `min_beta` (> 0: TRL computes the
+    reference log-probabilities only while β != 0). With the default horizon of 10,000 and 64 completions a step, β
+    moves at most 0.13% a step: scale `kl_horizon` with the completions per step.
     """
 
     def __init__(self, beta: float, target: float, horizon: int, min_beta: float = 1e-8):

@@ -117,6 +117,10 @@ class GradRegHooks:
     def _count_skip(self, model, norm: float) -> None:
         """Count a skipped step; after `grad_reg_max_skips` in a row, save a checkpoint and stop.
 
+        That checkpoint is written mid-step (the weights are the last good ones, but the GRPO loop's micro-step counter
+        and buffered generations are those of the failing step): it is for inspecting the run or restarting it with
+        other settings, not for an exact resume.
+
         Raises:
             NonFiniteGradientError: the `grad_reg_max_skips`-th skipped step in a row.
         """
