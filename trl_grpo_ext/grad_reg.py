@@ -101,7 +101,8 @@ def adaptive_clip_(params: Iterable[torch.Tensor], clip: float, eps: float) -> t
     Returns:
         `(units clipped, units seen)`.
     """
-    clipped = total = 0
+    counts = []  # per parameter, on its device: summed once at the end (one host sync per step, not per parameter)
+    total = 0
     for p in params:
         if p.grad is None:
             continue
@@ -111,8 +112,9 @@ def adaptive_clip_(params: Iterable[torch.Tensor], clip: float, eps: float) -> t
         over = grad_norm > max_norm
         scale = torch.where(over, max_norm / grad_norm.clamp(min=1e-6), torch.ones_like(grad_norm))
         grad.mul_(scale.to(grad.dtype))
-        clipped += int(over.sum().item())
+        counts.append(over.sum())
         total += over.numel()
+    clipped = int(torch.stack([c.to(counts[0].device) for c in counts]).sum().item()) if counts else 0
     return clipped, total
 
 
