@@ -70,6 +70,41 @@ def test_estimator_matches_hand_computed_terms(tmp_path):
     assert est.total == pytest.approx(memory.OVERHEAD_GIB + (167186 + 3584 + 3640 + 161152) / GIB)
 
 
+def test_fast_generation_terms_by_hand(tmp_path):
+    """The same run with each fast-generation setting (LoRA r=4 on q_proj/v_proj, 8 sequences, prompt 8 + 8)."""
+    stock = small_estimate(tmp_path)
+    assert (stock.generation_copy, stock.compile_workspace) == (0, 0)
+    # A bf16 generation copy of q (64·64) and v (64·32) in 2 layers: 2 · 6144 · 2 bytes = 24576, always resident.
+    copy = small_estimate(tmp_path, {"generation_lora_merge": "copy"})
+    assert copy.generation_copy * GIB == pytest.approx(24576)
+    assert copy.total - stock.total == pytest.approx(24576 / GIB)
+    # With 4-bit weights every decoder linear is dequantized into the copy: 2 · 36864 · 2 = 147456.
+    qcopy = small_estimate(tmp_path, {"generation_lora_merge": "copy"}, load_in_4bit=True)
+    assert qcopy.generation_copy * GIB == pytest.approx(147456)
+    # In place: the copy of the base weights is in host memory, nothing on the GPU.
+    assert small_estimate(tmp_path, {"generation_lora_merge": "inplace"}).total == stock.total
+    # Compiled: a static cache of 8 sequences · (prompt 8 rounded up to 64, + 8) tokens · 256 bytes = 147456, whole
+    # from the prefill, no concatenation copy; the workspace is the larger of prefill 65536 and decode 112000; the
+    # CUDA-graph pool 8 · (1000 + 3·128 + 4·64) · 2 = 26240, always resident.
+    compiled = small_estimate(tmp_path, {"generation_compile": True})
+    assert compiled.kv_cache * GIB == pytest.approx(147456) and compiled.generation_workspace * GIB == 112000
+    assert compiled.compile_workspace * GIB == pytest.approx(26240)
+    # A fixed prompt budget sizes the cache: (100 + 8) · 8 · 256 = 221184.
+    budget = small_estimate(tmp_path, {"generation_compile": True, "generation_max_prompt_length": 100})
+    assert budget.kv_cache * GIB == pytest.approx(221184)
+    with pytest.raises(ValueError, match="generation_lora_merge='copy' needs LoRA"):
+        small_estimate(tmp_path, {"generation_lora_merge": "copy"}, lora_r=None)
+
+
+def test_continuous_batching_takes_its_share_of_what_is_left(tmp_path):
+    args = {"use_transformers_continuous_batching": True}
+    with pytest.raises(ValueError, match="continuous batching needs card_gib"):
+        small_estimate(tmp_path, args)
+    est = small_estimate(tmp_path, args, card_gib=4)
+    resident = est.weights + est.adapters + est.optimizer  # the model and optimizer TRL has loaded by then
+    assert est.kv_cache == pytest.approx(0.5 * (4 - resident - memory.OVERHEAD_GIB))
+
+
 def test_plain_lora_keeps_fp32_adapters_and_torch_adamw_three_copies(tmp_path):
     est = small_estimate(tmp_path, args_overrides={"optim": "adamw_torch"})
     assert est.weights * GIB == pytest.approx((73728 + 64576) * 2)  # bf16
@@ -242,15 +277,37 @@ def test_every_preset_fits_its_card_with_ten_percent_to_spare(config):
     assert f"accelerate launch recipes/math_gsm8k.py --config recipes/configs/{config.name}" in header
     assert model_args.use_peft and training_args.gradient_checkpointing and training_args.optim == "paged_adamw_8bit"
     assert 1e-4 <= training_args.learning_rate <= 2e-4  # a LoRA learning rate
-    # The commented vLLM option fits too: its share of the card holds vLLM's copy of the weights.
-    vllm = re.findall(
-        r"^# (use_vllm|vllm_mode|vllm_enable_sleep_mode|vllm_gpu_memory_utilization): (\S+)$", text, re.M
+    # The fastest path that fits: a static cache with a compiled decode step, generating from merged LoRA weights.
+    assert training_args.generation_compile and training_args.generation_max_prompt_length == 320
+    assert training_args.generation_lora_merge in ("inplace", "copy") and not model_args.load_in_4bit
+    assert (est.generation_copy > 0) == (training_args.generation_lora_merge == "copy")
+    # The commented vLLM option, with the fast-generation settings removed as it says, fits too: its share of the
+    # card holds vLLM's copy of the weights.
+    block = text[text.index("# Generation with vLLM instead") :].split("\n\n")[0]
+    options = re.findall(r"^# (\w+): (\S+)$", block, re.M)
+    assert [k for k, _ in options][:4] == [
+        "use_vllm",
+        "vllm_mode",
+        "vllm_enable_sleep_mode",
+        "vllm_gpu_memory_utilization",
+    ]
+    overrides = ["--generation_compile", "false", "--generation_lora_merge", "none"]
+    training_args, model_args = presets.load_config(
+        config, *overrides, *(a for k, v in options for a in (f"--{k}", v))
     )
-    assert len(vllm) == 4, vllm
-    training_args, model_args = presets.load_config(config, *(arg for k, v in vllm for arg in (f"--{k}", v)))
     model_config = presets.architecture_config(model_args.model_name_or_path)
     with_vllm = memory.estimate_for(model_config, training_args, model_args, card_gib=card)
     assert with_vllm.vllm > 0 and with_vllm.total <= 0.9 * card
+    # The estimate command in that comment makes the same changes (vllm_mode colocate and the 4-bit quant type and
+    # double quantization are already the defaults of the estimate).
+    command = " ".join(
+        line.removeprefix("#").strip().rstrip("\\") for line in block.splitlines() if line.startswith("#   ")
+    )
+    named = dict(options)
+    expected = ["use_vllm", "vllm_enable_sleep_mode", "vllm_gpu_memory_utilization"] + ["load_in_4bit"] * (
+        "load_in_4bit" in named
+    )
+    assert command.split() == [*overrides, *(a for k in expected for a in (f"--{k}", named[k]))]
 
 
 def test_there_are_presets_for_four_cards():
@@ -261,7 +318,7 @@ def test_memory_command_prints_the_breakdown(capsys):
     config = str(REPO_ROOT / "recipes/configs/gsm8k-8gb.yaml")
     assert cli.main(["memory", "--config", config, "--card-gib", "8"]) == 0
     out = capsys.readouterr().out
-    assert "Qwen/Qwen2.5-1.5B-Instruct, QLoRA (NF4) rank 16" in out
+    assert "Qwen/Qwen2.5-1.5B-Instruct, LoRA (bf16) rank 16" in out
     for term in ("weights", "adapters", "optimizer", "gradients", "activations", "logits", "kv_cache", "overhead"):
         assert re.search(rf"^{term}\s+\d+\.\d\d\s+\w+", out, re.MULTILINE), term
     assert re.search(r"^peak\s+\d+\.\d\d", out, re.MULTILINE) and "fits (limit 90% = 7.20 GiB)" in out

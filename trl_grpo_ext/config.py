@@ -12,11 +12,20 @@ POLICY_GROUP_SAMPLING = ("uniform", "weighted", "uncertainty")
 ADVANTAGE_BASELINES = ("prompt", "policy_group")
 ENTROPY_REG_MODES = ("target", "clip_cov", "kl_cov", "advantage")
 GRAD_REG_MODES = ("zclip", "agc", "skip_nonfinite")
+GENERATION_LORA_MERGE = ("none", "inplace", "copy")
 
 
 def policy_grouping_requested(args) -> bool:
     """Whether a config asks for policy grouping (the trainer's `policy_group_fn` also turns it on)."""
     return args.policy_group_column is not None or args.policy_group_features is not None
+
+
+def generation_levers(args) -> list[str]:
+    """The fast-generation settings a config turns on, as `name=value` (empty: TRL's own generation)."""
+    levers = ["generation_compile=True"] if args.generation_compile else []
+    if args.generation_lora_merge != "none":
+        levers.append(f"generation_lora_merge={args.generation_lora_merge!r}")
+    return levers
 
 
 @dataclass
@@ -152,6 +161,30 @@ class GRPOConfig(TRLGRPOConfig):
         kl_horizon (`int`, *optional*, defaults to `10000`):
             Adaptive KL's horizon, in completions: β ← β·(1 + clip(KL/kl_target − 1, −0.2, 0.2)·n/kl_horizon), n
             the completions of one optimizer step.
+
+        > Parameters that control fast generation
+
+        TRL's own generation (`model.generate`, no vLLM, no continuous batching) made faster; every setting is off by
+        default. `trl_grpo_ext.generation` says how each one acts and what it costs.
+
+        generation_compile (`bool`, *optional*, defaults to `False`):
+            Generate with a static KV cache of `generation_max_prompt_length + max_completion_length` tokens and a
+            compiled decode step (`torch.compile` through transformers' `CompileConfig`: inductor, with CUDA graphs
+            on a GPU) instead of TRL's dynamic cache with compilation disabled. The first generation compiles (tens
+            of seconds on a GPU); later ones reuse the graph. transformers does not compile bitsandbytes 4-bit
+            models: with 4-bit weights, also set `generation_lora_merge="copy"`.
+        generation_max_prompt_length (`int`, *optional*):
+            Prompt tokens the static cache of `generation_compile` holds (unused without it). Unset: the longest
+            prompt of the first generation batch, rounded up to a multiple of 64. A longer prompt later grows the
+            cache, which compiles the decode step once more.
+        generation_lora_merge (`str`, *optional*, defaults to `"none"`):
+            How a LoRA policy generates. `none`: through PEFT's adapter layers (TRL's path). `inplace`: the
+            adapters are merged into the base weights for the generation, and the base weights are then restored
+            bit for bit from a copy in host memory (no GPU memory; one host-to-device copy of the adapted weights
+            per generation). `copy`: a separate generation model whose adapted linear layers hold W + ΔW in the
+            compute dtype (for QLoRA, the dequantized base), sharing every other tensor with the policy and refreshed
+            once per optimizer step (GPU memory: one compute-dtype copy of the adapted layers). Needs a PEFT LoRA
+            model.
     """
 
     policy_group_column: str | None = field(
@@ -287,11 +320,36 @@ class GRPOConfig(TRLGRPOConfig):
     )
     kl_horizon: int = field(default=10000, metadata={"help": "Adaptive KL's horizon, in completions."})
 
+    generation_compile: bool = field(
+        default=False,
+        metadata={
+            "help": "Generate with a static KV cache and a torch.compile'd decode step (CUDA graphs on a GPU) instead "
+            "of TRL's dynamic cache. 4-bit weights need generation_lora_merge=copy."
+        },
+    )
+    generation_max_prompt_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Prompt tokens the static cache of generation_compile holds (cache = this + "
+            "max_completion_length). Unset: the first batch's longest prompt rounded up to 64."
+        },
+    )
+    generation_lora_merge: str = field(
+        default="none",
+        metadata={
+            "help": "How a LoRA policy generates: none (PEFT's adapter layers), inplace (adapters merged into the "
+            "base weights, restored bit for bit from host memory), copy (a separate merged generation model; for "
+            "QLoRA the dequantized base).",
+            "choices": list(GENERATION_LORA_MERGE),
+        },
+    )
+
     def __post_init__(self):
         super().__post_init__()
         self._check_policy_group_fields()
         self._check_entropy_reg_fields()
         self._check_grad_reg_fields()
+        self._check_generation_fields()
 
     def _check_policy_group_fields(self) -> None:
         choices = {
@@ -433,6 +491,33 @@ class GRPOConfig(TRLGRPOConfig):
             raise ValueError(
                 f"kl_target ({self.kl_target}) adapts beta multiplicatively: it needs beta > 0 at the start, got "
                 f"{self.beta} (TRL computes the reference log-probabilities only when beta != 0)"
+            )
+
+    def _check_generation_fields(self) -> None:
+        if self.generation_lora_merge not in GENERATION_LORA_MERGE:
+            allowed, value = list(GENERATION_LORA_MERGE), self.generation_lora_merge
+            raise ValueError(f"generation_lora_merge must be one of {allowed}, got {value!r}")
+        if not isinstance(self.generation_compile, bool):
+            raise ValueError(f"generation_compile must be true or false, got {self.generation_compile!r}")
+        length = self.generation_max_prompt_length
+        if length is not None:
+            if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+                raise ValueError(f"generation_max_prompt_length must be an integer >= 1, got {length!r}")
+        levers = generation_levers(self)
+        if not levers:
+            return
+        others = {"use_vllm": self.use_vllm}
+        others["use_transformers_continuous_batching"] = self.use_transformers_continuous_batching
+        for other, on in others.items():
+            if on:
+                raise ValueError(
+                    f"{', '.join(levers)} act on TRL's model.generate path; {other}=True generates another way: "
+                    f"turn off one or the other"
+                )
+        if self.generation_compile and self.cache_implementation not in (None, "static"):
+            raise ValueError(
+                f"generation_compile=True uses a static cache: cache_implementation must be unset or 'static', got "
+                f"{self.cache_implementation!r}"
             )
 
     @classmethod

@@ -38,6 +38,14 @@ size, a attention heads, k key-value heads, d head dim, V vocabulary, P prompt a
   and generation workspace. vLLM keeps its own copy of the weights in it (4-bit when the policy is: TRL starts vLLM
   with `quantization="bitsandbytes"`). With `vllm_enable_sleep_mode` TRL puts it to sleep at level 2 (weights and
   cache freed) while training; without, it stays.
+* **fast generation** (`trl_grpo_ext.generation`). `generation_lora_merge="copy"`: **generation_copy**, one bf16 copy
+  of the LoRA-targeted linear layers (2 bytes a weight; with 4-bit weights every decoder linear, dequantized), always
+  resident. `"inplace"` keeps its copy of the base weights in host memory: nothing on the GPU. `generation_compile`:
+  a static cache of B sequences of `generation_max_prompt_length` (else P rounded up to 64) + C tokens, allocated
+  whole at the prefill (no concatenation copy), and **compile_workspace**, the CUDA-graph pool that stays allocated
+  between generations: the decode step's bf16 logits and one layer's intermediates, B·(V + 3I + 4h)·w.
+* **continuous batching** (TRL's `use_transformers_continuous_batching`): its paged cache takes `max_memory_percent`
+  (TRL's default 0.5) of what the resident terms leave of the card, counted in `kv_cache`.
 * **overhead**: `OVERHEAD_GIB` = 1 GiB for the CUDA context (0.3-0.5 GiB), cuBLAS workspaces and the caching
   allocator's fragmentation, none of which `torch.cuda.max_memory_allocated` counts.
 
@@ -48,6 +56,8 @@ is freed before the backward, and gradients are freed (`zero_grad(set_to_none=Tr
 
 import math
 from dataclasses import dataclass, fields
+
+from .generation.static_cache import prompt_budget
 
 GIB = 2**30
 OVERHEAD_GIB = 1.0
@@ -74,11 +84,13 @@ class MemoryEstimate:
     kv_cache: float
     generation_workspace: float
     vllm: float = 0.0
+    generation_copy: float = 0.0
+    compile_workspace: float = 0.0
     vllm_persistent: bool = False  # vLLM without sleep mode stays resident through training
 
     @property
     def persistent(self) -> float:
-        extra = self.vllm if self.vllm_persistent else 0.0
+        extra = (self.vllm if self.vllm_persistent else 0.0) + self.generation_copy + self.compile_workspace
         return self.weights + self.adapters + self.optimizer + self.reference_model + self.overhead + extra
 
     @property
@@ -223,22 +235,40 @@ def kv_cache_bytes(config, sequences: int, seq_len: int) -> int:
     return 2 * config.num_hidden_layers * config.num_key_value_heads * d * 2 * sequences * seq_len
 
 
-def generation_bytes(config, sequences: int, prompt_length: int, completion_length: int) -> tuple[int, int]:
+def generation_bytes(
+    config, sequences: int, prompt_length: int, completion_length: int, static_cache_length: int | None = None
+) -> tuple[int, int]:
     """(KV cache, workspace) of HF generation at its peak: the prefill or the end of decoding, whichever is larger.
 
     Prefill (no grad, B·P tokens): the larger of attention (residual, norm output, q, repeated k and v, SDPA output,
     o_proj input: 7·w·h a token) and SwiGLU (residual, norm output, SiLU, up, product: w·(2h + 3I)). Decoding: the
     cache at P + C tokens plus one layer's concatenation copy, and the sampled step's logits (bf16, then fp32 copies
-    for the processors and softmax: B·V·(2 + 3·4)).
+    for the processors and softmax: B·V·(2 + 3·4)). A static cache (`static_cache_length` tokens a sequence) is
+    allocated whole at the prefill and never copied.
     """
     h, i = config.hidden_size, config.intermediate_size
-    prefill = (
-        kv_cache_bytes(config, sequences, prompt_length),
-        sequences * prompt_length * 2 * max(7 * h, 2 * h + 3 * i),
-    )
+    prefill_workspace = sequences * prompt_length * 2 * max(7 * h, 2 * h + 3 * i)
+    decode_workspace = sequences * config.vocab_size * (2 + 3 * 4)
+    if static_cache_length is not None:
+        return kv_cache_bytes(config, sequences, static_cache_length), max(prefill_workspace, decode_workspace)
+    prefill = (kv_cache_bytes(config, sequences, prompt_length), prefill_workspace)
     kv_end = kv_cache_bytes(config, sequences, prompt_length + completion_length)
-    decode = (kv_end + kv_end // config.num_hidden_layers, sequences * config.vocab_size * (2 + 3 * 4))
+    decode = (kv_end + kv_end // config.num_hidden_layers, decode_workspace)
     return max(prefill, decode, key=sum)
+
+
+def generation_copy_bytes(config, targets: tuple[str, ...], load_in_4bit: bool) -> int:
+    """A bf16 generation copy (`generation_lora_merge="copy"`): every targeted linear layer, or with 4-bit weights
+    every decoder linear layer (dequantized), 2 bytes a weight."""
+    shapes = linear_shapes(config)
+    names = LINEARS if load_in_4bit else targets
+    return config.num_hidden_layers * sum(shapes[n][0] * shapes[n][1] for n in names) * 2
+
+
+def compile_workspace_bytes(config, sequences: int) -> int:
+    """The CUDA-graph pool of a compiled decode step: its bf16 logits and one layer's intermediates,
+    B·(V + 3I + 4h)·2 bytes."""
+    return sequences * (config.vocab_size + 3 * config.intermediate_size + 4 * config.hidden_size) * 2
 
 
 def optimizer_bytes(trainable: int, optim: str, param_bytes: int) -> int:
@@ -279,14 +309,15 @@ def estimate(
         lora_dropout: LoRA dropout; above 0 each targeted linear keeps its own dropped-out input and mask.
         load_in_4bit: NF4 weights (QLoRA); `nested_quant` is bitsandbytes' double quantization.
         attn_implementation: "sdpa" (default), "flash_attention_2" (no mask bias, no repeated k/v) or "eager".
-        card_gib: the card's memory, needed only for colocated vLLM.
+        card_gib: the card's memory, needed only for colocated vLLM and continuous batching.
 
     Returns:
         A `MemoryEstimate` in GiB.
 
     Raises:
         ValueError: an unknown LoRA target, 4-bit weights without LoRA, colocated vLLM without `card_gib` or with a
-            share of the card smaller than the weights.
+            share of the card smaller than the weights, continuous batching without `card_gib`, a generation copy
+            without LoRA.
     """
     if load_in_4bit and lora_r is None:
         raise ValueError("load_in_4bit needs LoRA (lora_r): 4-bit weights cannot be trained directly")
@@ -305,7 +336,13 @@ def estimate(
         model_config, b, seq_len, gradient_checkpointing=args.gradient_checkpointing, **layer_kwargs
     )
 
-    vllm, vllm_persistent, kv, workspace = 0.0, False, 0, 0
+    vllm, vllm_persistent, kv, workspace, copy, compiled = 0.0, False, 0, 0, 0, 0
+    sequences = args.generation_batch_size // max(args.world_size, 1)
+    merge = getattr(args, "generation_lora_merge", "none")  # a TRL GRPOConfig has none of this package's fields
+    if merge == "copy":
+        if targets is None:
+            raise ValueError("generation_lora_merge='copy' needs LoRA (lora_r): it merges adapters into a copy")
+        copy = generation_copy_bytes(model_config, targets, load_in_4bit)
     if args.use_vllm:
         if args.vllm_mode == "colocate":
             if card_gib is None:
@@ -318,9 +355,20 @@ def estimate(
                     f"vllm_gpu_memory_utilization={args.vllm_gpu_memory_utilization} gives vLLM {vllm:.2f} GiB of the "
                     f"card, not enough for its copy of the weights ({weights / GIB:.2f} GiB) and a KV cache"
                 )
+    elif args.use_transformers_continuous_batching:
+        if card_gib is None:
+            raise ValueError("continuous batching needs card_gib: its cache takes a share of the card")
+        share = (args.transformers_continuous_batching_config or {}).get("max_memory_percent", 0.5)
+        resident = weights + (trainable * param_bytes) + optimizer_bytes(trainable, optim, param_bytes) + copy
+        kv = share * max(card_gib * GIB - resident - OVERHEAD_GIB * GIB, 0)
+        workspace = sequences * model_config.vocab_size * (2 + 3 * 4)
     else:
-        sequences = args.generation_batch_size // max(args.world_size, 1)
-        kv, workspace = generation_bytes(model_config, sequences, prompt_length, completion)
+        static = None
+        if getattr(args, "generation_compile", False):
+            budget = args.generation_max_prompt_length or prompt_budget(prompt_length)
+            static = max(budget, prompt_length) + completion
+            compiled = compile_workspace_bytes(model_config, sequences)
+        kv, workspace = generation_bytes(model_config, sequences, prompt_length, completion, static)
 
     return MemoryEstimate(
         weights=weights / GIB,
@@ -334,6 +382,8 @@ def estimate(
         kv_cache=kv / GIB,
         generation_workspace=workspace / GIB,
         vllm=vllm,
+        generation_copy=copy / GIB,
+        compile_workspace=compiled / GIB,
         vllm_persistent=vllm_persistent,
     )
 

@@ -11,6 +11,7 @@ from trl.trainer.utils import get_config_model_id
 
 from .config import GRPOConfig, TRLGRPOConfig, policy_grouping_requested
 from .entropy_hooks import EntropyRegHooks
+from .generation.hooks import FastGenerationHooks
 from .grad_reg_hooks import GradRegHooks
 from .policy_group_hooks import PolicyGroupHooks, check_policy_group_setup, with_row_column
 from .resume import (
@@ -53,7 +54,7 @@ class _GRPOLoopState:
         trainer._resumed_loss = (state["pending_loss"], state["last_logged_step"])
 
 
-class GRPOTrainer(EntropyRegHooks, GradRegHooks, PolicyGroupHooks, TRLGRPOTrainer):
+class GRPOTrainer(FastGenerationHooks, EntropyRegHooks, GradRegHooks, PolicyGroupHooks, TRLGRPOTrainer):
     """
     Drop-in replacement for [`trl.GRPOTrainer`]: same constructor, same reward function forms, `peft_config`,
     callbacks and loggers.
@@ -78,9 +79,14 @@ class GRPOTrainer(EntropyRegHooks, GradRegHooks, PolicyGroupHooks, TRLGRPOTraine
     ZClip and AGC where the Trainer clips gradients, a guard that skips non-finite steps (`self.grad_reg_state`
     counts them; `NonFiniteGradientError` after `grad_reg_max_skips` in a row), and an adaptive KL coefficient β.
 
+    Fast generation (off unless `GRPOConfig.generation_compile` or `generation_lora_merge` is set;
+    `trl_grpo_ext.generation`): a static KV cache with a compiled decode step, and generation from LoRA weights merged
+    in place (restored bit for bit) or into a separate generation copy (`self.fast_generation`).
+
     Raises:
         ValueError: policy grouping with an iterable or missing training dataset, or with a missing column (the
-            message lists the dataset's columns); `grad_reg` with `agc` under DeepSpeed or FSDP.
+            message lists the dataset's columns); `grad_reg` with `agc` under DeepSpeed or FSDP; a fast-generation
+            setting that cannot apply to this model (`FastGenerationHooks._init_fast_generation` says which).
 
     `args` may be TRL's `GRPOConfig` or a subclass of it (a script that swapped only the trainer import): the object
     is kept, and this package's settings are added to it at their defaults. With `args=None` the default output
@@ -113,6 +119,7 @@ class GRPOTrainer(EntropyRegHooks, GradRegHooks, PolicyGroupHooks, TRLGRPOTraine
         self.policy_groups = self._build_policy_groups() if grouping else None
         self._init_entropy_reg()
         self._init_grad_reg()
+        self._init_fast_generation()
 
     def resumable_state(self) -> dict:
         """Objects with `state_dict()` / `load_state_dict()` saved in every checkpoint and restored on resume, by

@@ -1,0 +1,439 @@
+"""Fast generation (`trl_grpo_ext.generation`): merged LoRA weights without drift, a static cache with a compiled
+decode step, the checks that refuse a setting that cannot apply, and training runs with each setting on that match a
+run without it (CPU, fp32)."""
+
+import logging
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig, GenerationConfig
+from trl.trainer.grpo_trainer import GRPOTrainer as TRLGRPOTrainer
+
+from tests.conftest import length_reward, small_grpo_kwargs
+from tests.resume_check import launch_phase
+from trl_grpo_ext import GRPOConfig, GRPOTrainer
+from trl_grpo_ext.generation import hooks as generation_hooks
+from trl_grpo_ext.generation.hooks import generation_copy_bytes, padded_prompt_length
+from trl_grpo_ext.generation.lora_merge import GenerationCopy, InplaceMerge, lora_linears, merged_weight
+from trl_grpo_ext.generation.static_cache import StaticCacheSizer, prompt_budget
+
+LORA = dict(r=4, lora_alpha=8, target_modules="all-linear")
+TIMING_KEYS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+TIMING_KEYS |= {"fast_generation/merge_time"}
+
+
+def peft_model(model_dir, dtype=torch.float32, seed=0):
+    """The tiny model with LoRA on every linear layer and random (non-zero) A and B, so that ΔW != 0."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    return get_peft_model(model, LoraConfig(**LORA, init_lora_weights=False))
+
+
+def base_weights(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+
+
+def greedy(model, input_ids, attention_mask, new_tokens=24):
+    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        return model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+
+
+def left_padded_prompts(lengths, vocab=400, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (len(lengths), max(lengths)), generator=generator)
+    mask = torch.zeros_like(ids)
+    for row, length in enumerate(lengths):
+        mask[row, max(lengths) - length :] = 1
+    return ids * mask, mask
+
+
+# --- pure functions, against hand-computed values ---
+
+
+def test_merged_weight_is_base_plus_scaled_lora_product():
+    layer = get_peft_model(torch.nn.Sequential(torch.nn.Linear(2, 2, bias=False)), LoraConfig(r=1, lora_alpha=2,
+                           target_modules=["0"]))  # fmt: skip
+    lora = lora_linears(layer)["base_model.model.0"]
+    with torch.no_grad():
+        lora.get_base_layer().weight.copy_(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+        lora.lora_A["default"].weight.copy_(torch.tensor([[1.0, -1.0]]))  # A: (r=1, d_in=2)
+        lora.lora_B["default"].weight.copy_(torch.tensor([[0.5], [2.0]]))  # B: (d_out=2, r=1)
+    # W0 + (alpha / r)·B·A = [[1, 2], [3, 4]] + 2·[[0.5, -0.5], [2, -2]] = [[2, 1], [7, 0]]
+    torch.testing.assert_close(merged_weight(lora, torch.float32), torch.tensor([[2.0, 1.0], [7.0, 0.0]]))
+
+
+def test_prompt_budget_rounds_up_to_64_tokens():
+    assert [prompt_budget(n) for n in (1, 64, 65, 300)] == [64, 64, 128, 320]
+
+
+def test_padded_prompt_length_follows_pad_to_multiple_of():
+    prompts = [[1] * 5, [1] * 13]
+    assert padded_prompt_length(prompts, None) == 13
+    assert padded_prompt_length(prompts, 8) == 16
+
+
+def test_static_cache_sizer_holds_the_budget_and_grows_only_for_a_longer_prompt(caplog):
+    config = GenerationConfig(max_new_tokens=16)
+    sizer = StaticCacheSizer(config, "cpu")
+    assert (config.cache_implementation, config.disable_compile, config.max_cache_len) == ("static", False, None)
+    sizer.fit(70)  # first batch: 70 prompt tokens -> budget 128
+    assert config.max_cache_len == 128 + 16
+    sizer.fit(100)
+    assert (config.max_cache_len, sizer.grown) == (144, 0)
+    with caplog.at_level(logging.WARNING):
+        sizer.fit(129)
+    assert (config.max_cache_len, sizer.grown) == (192 + 16, 1)
+    assert "generation_max_prompt_length" in caplog.text
+    fixed = GenerationConfig(max_new_tokens=16)
+    StaticCacheSizer(fixed, "cpu", prompt_length=320)
+    assert fixed.max_cache_len == 336
+
+
+# --- merging without drift ---
+
+
+def test_inplace_merge_restores_bf16_base_weights_bit_for_bit_after_100_cycles(tiny_model_dir):
+    model = peft_model(tiny_model_dir, dtype=torch.bfloat16)
+    before = base_weights(model)
+    merge = InplaceMerge(model)
+    adapters = [p for n, p in model.named_parameters() if "lora_" in n]
+    for cycle in range(100):
+        with torch.no_grad():  # the adapters change between generations, as in training
+            for p in adapters:
+                p.add_(0.01 * torch.randn_like(p))
+        with merge.merged():
+            if cycle == 0:  # inside the block the base weights hold W0 + dW
+                layer = next(iter(merge.layers.values()))
+                assert not torch.equal(layer.get_base_layer().weight, before[_base_name(model, layer)])
+    after = base_weights(model)
+    assert all(torch.equal(before[n], after[n]) for n in before)
+
+
+def test_peft_merge_and_unmerge_in_bf16_drift(tiny_model_dir):
+    """What the test above guards against: PEFT's own merge_adapter/unmerge_adapter changes bf16 base weights."""
+    model = peft_model(tiny_model_dir, dtype=torch.bfloat16)
+    before = base_weights(model)
+    for _ in range(10):
+        model.merge_adapter()
+        model.unmerge_adapter()
+    after = base_weights(model)
+    assert sum(not torch.equal(before[n], after[n]) for n in before) > 0
+
+
+def _base_name(model, layer) -> str:
+    return next(n for n, p in model.named_parameters() if p is layer.get_base_layer().weight)
+
+
+def test_inplace_merge_restores_the_base_weights_when_generation_fails(tiny_model_dir):
+    model = peft_model(tiny_model_dir)
+    before = base_weights(model)
+    merge = InplaceMerge(model)
+    with pytest.raises(RuntimeError, match="boom"), merge.merged():
+        raise RuntimeError("boom")
+    after = base_weights(model)
+    assert all(torch.equal(before[n], after[n]) for n in before)
+    assert not any(layer.disable_adapters for layer in merge.layers.values())  # adapters are on again
+
+
+@pytest.mark.parametrize("mode", ["inplace", "copy"])
+def test_merged_greedy_completions_equal_the_unmerged_model_token_for_token(tiny_model_dir, mode):
+    model = peft_model(tiny_model_dir)
+    ids, mask = left_padded_prompts([9, 14, 5, 14])
+    unmerged = greedy(model, ids, mask)
+    if mode == "inplace":
+        with InplaceMerge(model).merged():
+            merged = greedy(model, ids, mask)
+    else:
+        merged = greedy(GenerationCopy(model).model, ids, mask)
+    assert torch.equal(merged, unmerged)
+    assert merged.shape == (4, 14 + 24)
+
+
+def test_generation_copy_shares_every_other_tensor_and_follows_the_adapters(tiny_model_dir):
+    model = peft_model(tiny_model_dir)
+    grad_flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    copy = GenerationCopy(model)
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == grad_flags  # the policy is left as it was
+    base = model.get_base_model()
+    assert copy.model.get_input_embeddings().weight is base.get_input_embeddings().weight
+    assert copy.model.model.norm.weight is base.model.norm.weight
+    assert copy.model.model.layers[0].self_attn.q_proj.bias is base.model.layers[0].self_attn.q_proj.base_layer.bias
+    # its own weights: every adapted linear layer (7 per layer, 2 layers) in fp32, d_out·d_in each
+    assert len(copy.owned) == 14 and copy.copy_bytes() == generation_copy_bytes(model, torch.float32)
+    ids, mask = left_padded_prompts([6, 6])
+    with torch.no_grad():
+        for p in (p for n, p in model.named_parameters() if "lora_B" in n):
+            p.mul_(3.0)
+        stale = copy.model(ids, attention_mask=mask).logits
+        copy.refresh()
+        torch.testing.assert_close(copy.model(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)
+    assert not torch.allclose(stale, model(ids, attention_mask=mask).logits)
+
+
+def test_generation_copy_of_a_4bit_model_is_the_dequantized_base_plus_the_adapters(tiny_model_dir):
+    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                      bnb_4bit_compute_dtype=torch.float32)  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, quantization_config=quantization)
+    model = get_peft_model(model, LoraConfig(**LORA, init_lora_weights=False))
+    copy = GenerationCopy(model)
+    assert all(type(m).__name__ != "Linear4bit" for m in copy.model.modules())
+    from bitsandbytes.functional import dequantize_4bit
+
+    layer = model.get_base_model().model.layers[1].mlp.down_proj
+    expected = dequantize_4bit(layer.base_layer.weight.data, layer.base_layer.weight.quant_state).float()
+    expected += layer.get_delta_weight("default")
+    torch.testing.assert_close(copy.model.model.layers[1].mlp.down_proj.weight, expected)
+    assert copy.copy_bytes() == generation_copy_bytes(model, torch.float32)
+
+
+def test_unsupported_lora_layers_are_refused_by_name(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    dora = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], use_dora=True))
+    with pytest.raises(ValueError, match=r"q_proj uses DoRA"):
+        lora_linears(dora)
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with pytest.raises(ValueError, match="no LoRA layer"):
+        lora_linears(plain)
+
+
+# --- the trainer: settings checked, training unchanged ---
+
+
+def _dataset(n=16):
+    # prompts of different lengths, so that the static cache sees several padded lengths
+    return Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": f"What is {i} plus {i}?" + " and more" * (i % 6)}]} for i in range(n)]
+    )
+
+
+def _trainer(model_dir, output_dir, lora=True, quantized=False, **overrides):
+    quantization = None
+    if quantized:
+        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                          bnb_4bit_compute_dtype=torch.float32)  # fmt: skip
+    return GRPOTrainer(
+        model=model_dir,
+        reward_funcs=[length_reward],
+        args=GRPOConfig(**small_grpo_kwargs(output_dir, **overrides)),
+        train_dataset=_dataset(),
+        peft_config=LoraConfig(**LORA) if lora else None,
+        quantization_config=quantization,
+    )
+
+
+def _logs(trainer):
+    return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in trainer.state.log_history]
+
+
+def _assert_same_training(logs_a, logs_b, params_a, params_b, atol=1e-5):
+    assert [sorted(r) for r in logs_a] == [sorted(r) for r in logs_b]
+    for row_a, row_b in zip(logs_a, logs_b, strict=True):
+        for key, value in row_a.items():
+            if not (math.isnan(value) and math.isnan(row_b[key])):
+                assert abs(value - row_b[key]) <= atol, (row_a.get("step"), key, value, row_b[key])
+    for name in params_a:
+        torch.testing.assert_close(params_a[name], params_b[name], rtol=0, atol=atol)
+
+
+@pytest.fixture(scope="module")
+def baseline_run(tiny_model_dir, tmp_path_factory):
+    """Stock generation: 4 steps of LoRA training; logs, the adapters, the completions lengths."""
+    trainer = _trainer(tiny_model_dir, tmp_path_factory.mktemp("baseline"), max_steps=4)
+    trainer.train()
+    return _logs(trainer), {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize(
+    "levers",
+    [
+        {"generation_lora_merge": "inplace"},
+        {"generation_lora_merge": "copy"},
+        {"generation_compile": True},
+        {"generation_compile": True, "generation_lora_merge": "copy"},
+    ],
+    ids=["inplace", "copy", "compile", "copy+compile"],
+)
+def test_training_with_a_lever_matches_stock_generation(tiny_model_dir, tmp_path, baseline_run, levers):
+    """Seeded sampling: the same completions, so the same rewards, losses and final adapters, up to the last bits of
+    merged vs unmerged matmuls (fp32)."""
+    from torch._dynamo.utils import counters
+
+    trainer = _trainer(tiny_model_dir, tmp_path, max_steps=4, **levers)
+    policy_base = base_weights(trainer.model)
+    counters.clear()
+    trainer.train()
+    logs, params = (
+        _logs(trainer),
+        {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad},
+    )
+    _assert_same_training(logs, baseline_run[0], params, baseline_run[1])
+    after = base_weights(trainer.model)
+    assert all(torch.equal(policy_base[n], after[n]) for n in policy_base)  # base weights: bit for bit
+    merge_times = [
+        row["fast_generation/merge_time"] for row in trainer.state.log_history if "fast_generation/merge_time" in row
+    ]
+    assert len(merge_times) == (4 if "generation_lora_merge" in levers else 0) and all(t >= 0 for t in merge_times)
+    if levers.get("generation_compile"):
+        # 4 generations, prompts of several padded lengths: the decode step was compiled once and never again
+        assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+        assert trainer.fast_generation.sizer.grown == 0
+
+
+def test_a_generation_with_each_merge_leaves_the_policy_log_probabilities_unchanged(tiny_model_dir, tmp_path):
+    for mode in ("inplace", "copy"):
+        trainer = _trainer(tiny_model_dir, tmp_path / mode, generation_lora_merge=mode)
+        ids, mask = left_padded_prompts([7, 10])
+        with torch.no_grad():
+            for p in (p for n, p in trainer.model.named_parameters() if "lora_B" in n):
+                p.add_(0.05)  # a trained adapter: dW != 0
+            before = trainer.model(ids, attention_mask=mask).logits.log_softmax(-1)
+        state = {n: p.detach().clone() for n, p in trainer.model.state_dict().items()}
+        trainer._generate_single_turn([[5, 6, 7], [8, 9, 10, 11]], None, {}, 2)
+        with torch.no_grad():
+            after = trainer.model(ids, attention_mask=mask).logits.log_softmax(-1)
+        assert torch.equal(before, after), mode
+        assert all(torch.equal(state[n], p) for n, p in trainer.model.state_dict().items()), mode
+
+
+def test_a_trl_that_no_longer_generates_through_generate_fails_loudly(tiny_model_dir, tmp_path, monkeypatch):
+    trainer = _trainer(tiny_model_dir, tmp_path, generation_lora_merge="copy")
+    monkeypatch.setattr(TRLGRPOTrainer, "_generate_single_turn", lambda self, *a, **k: ([[1]], None))
+    with pytest.raises(RuntimeError, match="no longer generates through unwrapped_model.generate"):
+        trainer._generate_single_turn([[5, 6, 7]], None, {}, 1)
+    assert "generate" not in vars(trainer.accelerator.unwrap_model(trainer.model))  # the routing was removed
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"generation_lora_merge": "merge"}, r"generation_lora_merge must be one of \['none', 'inplace', 'copy'\]"),
+        ({"generation_compile": "yes"}, "generation_compile must be true or false, got 'yes'"),
+        ({"generation_max_prompt_length": 2.5}, "generation_max_prompt_length must be an integer >= 1, got 2.5"),
+        ({"generation_compile": True, "generation_max_prompt_length": 0}, "must be an integer >= 1, got 0"),
+        ({"generation_compile": True, "use_transformers_continuous_batching": True},
+         "use_transformers_continuous_batching=True generates another way"),
+        ({"generation_lora_merge": "copy", "use_vllm": True}, "use_vllm=True generates another way"),
+        ({"generation_compile": True, "cache_implementation": "dynamic"}, "cache_implementation must be unset or"),
+    ],
+)  # fmt: skip
+def test_generation_settings_are_checked_at_config_time(tmp_path, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        GRPOConfig(**small_grpo_kwargs(tmp_path, **overrides))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"lora": False, "generation_lora_merge": "inplace"}, "the model is not a PEFT model"),
+        ({"quantized": True, "generation_lora_merge": "inplace"}, "cannot merge into quantized weights"),
+        ({"quantized": True, "generation_compile": True}, "transformers does not compile bitsandbytes"),
+        ({"quantized": True, "use_transformers_continuous_batching": True}, "do not survive"),
+    ],
+)
+def test_settings_that_cannot_apply_to_the_model_are_refused_at_init(tiny_model_dir, tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        _trainer(tiny_model_dir, tmp_path, **kwargs)
+
+
+def test_a_generation_copy_larger_than_the_free_gpu_memory_is_refused(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(generation_hooks, "free_device_memory", lambda device: 1000)  # bytes
+    with pytest.raises(ValueError, match=r"needs 0\.00 GiB for the generation copy, but only 0\.00 GiB"):
+        _trainer(tiny_model_dir, tmp_path, generation_lora_merge="copy")
+
+
+def test_continuous_batching_warns_that_fp32_adapters_become_bf16(tiny_model_dir, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="trl_grpo_ext.generation.hooks"):
+        _trainer(tiny_model_dir, tmp_path, use_transformers_continuous_batching=True, bf16=True)
+    assert "fp32 trainable parameters" in caplog.text and "lora_A" in caplog.text
+
+
+def test_qlora_trains_with_the_generation_copy_and_compiled_decoding(tiny_model_dir, tmp_path):
+    trainer = _trainer(tiny_model_dir, tmp_path, quantized=True, generation_lora_merge="copy", generation_compile=True)
+    trainer.train()
+    assert all(type(m).__name__ != "Linear4bit" for m in trainer.fast_generation.merge.model.modules())
+    lengths = [row["completions/mean_length"] for row in trainer.state.log_history if "completions/mean_length" in row]
+    assert len(lengths) == 3 and all(0 < n <= 16 for n in lengths)
+
+
+# --- two processes ---
+
+
+def test_each_lever_on_two_processes_matches_stock_generation(tiny_model_dir, tmp_path):
+    """DDP on 2 CPU processes (gloo): the in-place merge with a compiled decode step, and the generation copy, each
+    train as stock generation does, on both ranks."""
+    config = {"lora": 4, "max_steps": 3, "save_steps": 3, "per_device_train_batch_size": 4}
+    stock = launch_phase(config, tiny_model_dir, str(tmp_path / "stock"), num_processes=2)
+    for levers in (
+        {"generation_lora_merge": "inplace", "generation_compile": True},
+        {"generation_lora_merge": "copy"},
+    ):
+        name = "-".join(str(v) for v in levers.values())
+        fast = launch_phase({**config, **levers}, tiny_model_dir, str(tmp_path / name), num_processes=2)
+        for rank in (0, 1):
+            logs = [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in fast[rank]["logs"]]
+            stock_logs = [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in stock[rank]["logs"]]
+            _assert_same_training(logs, stock_logs, fast[rank]["params"], stock[rank]["params"])
+            assert fast[rank]["prompts"] == stock[rank]["prompts"]
+
+
+def test_repeated_input_grad_hooks_are_cut_with_fast_generation_and_pile_up_without(tiny_model_dir, tmp_path):
+    """Stock TRL 1.16 + transformers 5 add two identical hooks to the input embeddings per step (gradient
+    checkpointing re-enabled around each generation and no-grad pass); with a lever on, one is kept per generation."""
+    counts = {}
+    for name, levers in (("stock", {}), ("copy", {"generation_lora_merge": "copy"})):
+        trainer = _trainer(tiny_model_dir, tmp_path / name, max_steps=4, gradient_checkpointing=True, **levers)
+        trainer.train()
+        hooks = trainer.model.get_input_embeddings()._forward_hooks.values()
+        counts[name] = sum(getattr(fn, "__name__", "") == "make_inputs_require_grads" for fn in hooks)
+    assert counts["stock"] >= 2 * 4, counts
+    assert counts["copy"] <= 3, counts  # the one kept, plus the two added after the last generation
+
+
+# --- the GPU throughput benchmark, in its CPU smoke mode ---
+
+
+def load_throughput_benchmark():
+    import importlib.util
+
+    from tests.conftest import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location("gpu_throughput", REPO_ROOT / "benchmarks" / "gpu_throughput.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_throughput_benchmark_runs_every_configuration_in_cpu_smoke_mode(tmp_path):
+    """`benchmarks/gpu_throughput.py --device cpu --tiny`: every configuration of the 8 GB preset in its own process,
+    with timings, tokens and the estimate; the table and JSON written."""
+    import json
+
+    benchmark = load_throughput_benchmark()
+    argv = ["--device", "cpu", "--tiny", "--steps", "2", "--presets", "8gb", "--output-dir", str(tmp_path)]
+    assert benchmark.main(argv) == 0
+    rows = json.loads((tmp_path / "gpu_throughput_tiny.json").read_text())["rows"]
+    assert [r["config"] for r in rows] == [config for _, config in benchmark.plan(["8gb"], None)]
+    assert len(rows) == len(benchmark.CONFIGS)
+    by_config = {r["config"]: r for r in rows}
+    for row in rows:
+        assert "error" not in row, row
+        # 8 completions × 16 tokens a step (forced to full length), a measured step after the first
+        assert row["completion_tokens_per_step"] == 8 * 16 and row["tokens_per_s"] > 0
+        assert 0 < row["generation_s"] < row["step_s"] and row["estimate_gib"] > 0
+    assert by_config["stock"]["speedup"] == 1.0 and by_config["stock"]["generation"] == "dynamic cache, adapter layers"
+    assert by_config["preset"]["generation"] == "compiled static cache, merged in place"
+    assert by_config["qlora_copy_compile"]["method"] == "QLoRA r=16"
+    assert by_config["inplace"]["merge_s"] > 0 and by_config["stock"]["merge_s"] == 0
+    table = (tmp_path / "gpu_throughput_tiny.md").read_text()
+    row = "| 8gb | preset | Qwen/Qwen2.5-1.5B-Instruct, LoRA r=16 | compiled static cache, merged in place | 8 × 16 |"
+    assert row in table
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given on a machine without CUDA")
+def test_gpu_throughput_benchmark_without_cuda_says_so_with_exit_code_2(capsys):
+    assert load_throughput_benchmark().main([]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err

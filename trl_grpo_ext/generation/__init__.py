@@ -1,0 +1,13 @@
+"""Fast generation without vLLM: TRL's own `model.generate` path, made faster with what transformers and PEFT offer.
+Every setting is off by default (`GRPOConfig.generation_compile`, `generation_max_prompt_length`,
+`generation_lora_merge`), and then a run is TRL's, bit for bit.
+
+* `static_cache`: a static KV cache of fixed length and a `torch.compile`d decode step (CUDA graphs on a GPU).
+* `lora_merge`: generating from W₀ + ΔW instead of PEFT's adapter layers, without drift: merged into the policy and
+  restored bit for bit (`InplaceMerge`), or a separate generation copy, dequantized for QLoRA (`GenerationCopy`).
+* `hooks`: the trainer wiring (`FastGenerationHooks._generate_single_turn`), the init-time checks that refuse a
+  setting that cannot apply, and those for TRL's continuous batching.
+
+The memory each setting adds is in `trl_grpo_ext.memory` (`generation_copy`, the static cache); the speed of each is
+measured by `benchmarks/gpu_throughput.py`.
+"""

@@ -1,0 +1,264 @@
+"""Fast generation wired into TRL's `GRPOTrainer`: a mixin of `trl_grpo_ext.GRPOTrainer` whose one override,
+`_generate_single_turn`, calls `super()`.
+
+TRL 1.16 generates each batch in `_generate_single_turn`: it unwraps the policy (`unwrap_model_for_generation`) and
+calls `unwrapped_model.generate(**inputs, generation_config=self.generation_config)`. Around that call, in order:
+
+0. transformers' repeated `make_inputs_require_grads` hooks on the input embeddings are cut to one
+   (`drop_repeated_input_grad_hooks` says why: stock training adds two per step).
+1. `generation_compile`: the static cache is sized for the batch's padded prompt length (`StaticCacheSizer.fit`);
+   the trainer's `generation_config` was switched to a static cache and compilation once, at init.
+2. `generation_lora_merge="inplace"`: the adapters are merged into the base weights, TRL generates with PEFT's
+   adapter layers disabled, and the base weights are restored bit for bit (`InplaceMerge.merged`), also on error.
+   `"copy"`: the copy's merged weights are refreshed once per optimizer step (`GenerationCopy.refresh`), and for the
+   duration of the call the unwrapped policy's `generate` is the copy's. After the call the trainer checks that TRL
+   did generate through it, so a TRL release that generates another way fails loudly instead of silently
+   generating from the unmerged model.
+
+Logged (train mode): `fast_generation/merge_time`, the seconds of the merge and restore (inplace) or of the refresh
+(copy) in that generation, synchronized on CUDA.
+
+TRL's own lever, continuous batching (`use_transformers_continuous_batching`), is checked here too: TRL casts the
+policy to bf16/fp16 before each of its generations, which fails on bitsandbytes 4-bit weights (refused at init) and
+silently turns fp32 LoRA adapters into bf16 ones for the rest of training (a warning at init).
+"""
+
+import importlib.util
+import logging
+import time
+from contextlib import contextmanager
+
+import torch
+from accelerate.utils import DistributedType
+
+from ..config import generation_levers
+from .lora_merge import GenerationCopy, InplaceMerge, is_quantized_linear, lora_linears
+from .static_cache import StaticCacheSizer
+
+logger = logging.getLogger(__name__)
+GIB = 2**30
+
+
+class FastGeneration:
+    """What the fast-generation settings hold between generations: the merge (`InplaceMerge` or `GenerationCopy`, or
+    None) and the static-cache sizer (or None)."""
+
+    def __init__(self, merge: InplaceMerge | GenerationCopy | None, sizer: StaticCacheSizer | None):
+        self.merge = merge
+        self.sizer = sizer
+        self.refreshed_step = None  # the optimizer step whose adapters the generation copy holds
+
+    @contextmanager
+    def generating(self, policy: torch.nn.Module, step: int):
+        """The block is one TRL generation with `policy` (the unwrapped model TRL generates with) at optimizer step
+        `step`. Yields a one-entry dict whose `merge_time` is set (seconds) once the block is done.
+
+        Raises:
+            RuntimeError: with a generation copy, TRL did not call `policy.generate` inside the block.
+        """
+        timing = {"merge_time": 0.0}
+        if isinstance(self.merge, InplaceMerge):
+            start = _now()
+            with self.merge.merged():
+                timing["merge_time"] = _now() - start
+                yield timing
+                start = _now()
+            timing["merge_time"] += _now() - start  # the restore
+        elif isinstance(self.merge, GenerationCopy):
+            if step != self.refreshed_step:
+                start = _now()
+                self.merge.refresh()
+                self.refreshed_step = step
+                timing["merge_time"] = _now() - start
+            calls = []
+
+            def generate(*args, **kwargs):
+                calls.append(1)
+                return self.merge.model.generate(*args, **kwargs)
+
+            policy.generate = generate  # an instance attribute: it shadows PeftModel.generate until deleted
+            try:
+                yield timing
+            finally:
+                del policy.generate
+            if not calls:
+                raise RuntimeError(
+                    "generation_lora_merge='copy': TRL's _generate_single_turn no longer generates through "
+                    "unwrapped_model.generate, so the generation copy was not used. This TRL version is not supported "
+                    "with generation_lora_merge='copy'."
+                )
+        else:
+            yield timing
+
+
+def _now() -> float:
+    """Wall-clock seconds after the GPU's queued work is done."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def padded_prompt_length(prompt_ids: list[list[int]], pad_to_multiple_of: int | None) -> int:
+    """The prompt length TRL pads a batch to: the longest prompt, rounded up to `pad_to_multiple_of` if set."""
+    longest = max((len(ids) for ids in prompt_ids), default=1)
+    if pad_to_multiple_of:
+        longest = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
+    return longest
+
+
+def drop_repeated_input_grad_hooks(model: torch.nn.Module) -> int:
+    """Remove all but the newest of transformers' `make_inputs_require_grads` forward hooks on the input embeddings;
+    return how many were removed.
+
+    transformers 5 registers that hook (it sets requires_grad on the embeddings' output) each time gradient
+    checkpointing is enabled, and removes none when it is disabled on a model that is not a transformers-integrated
+    PEFT model. TRL 1.16 disables and re-enables checkpointing around every generation and every no-grad
+    log-probability pass, so stock training gains two identical hooks per step, and each is called on every forward,
+    decoded tokens included. For a compiled decode step the growing hook count is also a guard that fails at every
+    step: without this, the decode step recompiles once per step, until torch gives up and runs it uncompiled. The
+    hooks are idempotent, so keeping one changes no value.
+    """
+    embeddings = model.get_input_embeddings()
+    hook_ids = [key for key, fn in embeddings._forward_hooks.items() if getattr(fn, "__name__", "") == _GRAD_HOOK]
+    for key in hook_ids[:-1]:
+        for hooks in (embeddings._forward_hooks, embeddings._forward_hooks_with_kwargs,
+                      embeddings._forward_hooks_always_called):  # fmt: skip
+            hooks.pop(key, None)
+    return max(len(hook_ids) - 1, 0)
+
+
+_GRAD_HOOK = "make_inputs_require_grads"  # transformers' PreTrainedModel.enable_input_require_grads
+
+
+def free_device_memory(device: torch.device) -> int | None:
+    """Free bytes on a CUDA device, None on any other (no check there)."""
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+
+
+def generation_copy_bytes(model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Bytes a `GenerationCopy` of `model` (a PEFT model) allocates: every adapted or quantized linear layer's
+    d_out·d_in weights in `dtype`."""
+    base = model.get_base_model()
+    adapted = lora_linears(base)
+    layers = [layer.get_base_layer() for layer in adapted.values()]
+    layers += [m for name, m in base.named_modules() if is_quantized_linear(m) and not name.startswith(tuple(adapted))]
+    element = torch.empty((), dtype=dtype).element_size()
+    return sum(layer.in_features * layer.out_features for layer in layers) * element
+
+
+class FastGenerationHooks:
+    """TRL hook override for fast generation; a plain call to TRL's method while every `generation_*` setting of
+    `GRPOConfig` is off (`self.fast_generation` is None)."""
+
+    fast_generation: FastGeneration | None = None
+
+    def _init_fast_generation(self) -> None:
+        """Called at the end of `GRPOTrainer.__init__`, once the model is loaded.
+
+        Raises:
+            ValueError: a lever that cannot apply, naming the setting and why: a merge without a PEFT LoRA model, into
+                quantized weights (`inplace`), or with a generation copy larger than the free GPU memory (`copy`);
+                compilation of a bitsandbytes model without `copy`, or on CUDA without Triton; any lever under FSDP or
+                DeepSpeed ZeRO-3 (sharded weights); continuous batching with bitsandbytes weights.
+        """
+        args = self.args
+        policy = self.accelerator.unwrap_model(self.model)
+        quantized = any(is_quantized_linear(m) for m in policy.modules())
+        if args.use_transformers_continuous_batching:
+            _check_continuous_batching(args, policy, quantized)
+        levers = generation_levers(args)
+        if not levers:
+            return
+        sharded = self.accelerator.distributed_type == DistributedType.FSDP or (
+            self.accelerator.distributed_type == DistributedType.DEEPSPEED and self.accelerator.state.deepspeed_plugin
+            and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+        )  # fmt: skip
+        if sharded:
+            engine = self.accelerator.distributed_type.value
+            raise ValueError(
+                f"{', '.join(levers)}: the weights are sharded over processes ({engine}), so no process holds a "
+                "whole layer to merge or compile; use DDP or ZeRO-1/2"
+            )
+        mode = args.generation_lora_merge
+        if mode != "none":
+            from peft import PeftModel
+
+            if not isinstance(policy, PeftModel):
+                raise ValueError(
+                    f"generation_lora_merge={mode!r} merges LoRA adapters, but the model is not a PEFT model: pass "
+                    "peft_config (a LoraConfig) or set generation_lora_merge='none'"
+                )
+        device_type = next(policy.parameters()).device.type
+        if args.generation_compile:
+            if quantized and mode != "copy":
+                raise ValueError(
+                    "generation_compile=True: transformers does not compile bitsandbytes-quantized models (their "
+                    "quantizer is not compileable), so generation would silently stay uncompiled; set "
+                    "generation_lora_merge='copy' to generate from a bf16 copy, which compiles"
+                )
+            if device_type == "cuda" and importlib.util.find_spec("triton") is None:
+                raise ValueError(
+                    "generation_compile=True needs Triton for torch.compile on CUDA, which is not installed: "
+                    "pip install triton (on Windows: pip install triton-windows)"
+                )
+        merge = None
+        if mode == "inplace":
+            merge = InplaceMerge(policy)
+            logger.info("generation_lora_merge='inplace': %.2f GiB of base weights kept in host memory",
+                        merge.backup_bytes() / GIB)  # fmt: skip
+        elif mode == "copy":
+            dtype = policy.get_base_model().get_input_embeddings().weight.dtype
+            needed = generation_copy_bytes(policy, dtype)
+            free = free_device_memory(next(policy.parameters()).device)
+            if free is not None and needed > free:
+                raise ValueError(
+                    f"generation_lora_merge='copy' needs {needed / GIB:.2f} GiB for the generation copy, but only "
+                    f"{free / GIB:.2f} GiB of the GPU is free: use 'inplace' (LoRA on unquantized weights) or 'none', "
+                    "or lower the memory use (trl-grpo-ext memory --config ... shows it)"
+                )
+            merge = GenerationCopy(policy)
+            logger.info("generation_lora_merge='copy': %.2f GiB generation copy", needed / GIB)
+        sizer = None
+        if args.generation_compile:
+            sizer = StaticCacheSizer(self.generation_config, device_type, args.generation_max_prompt_length)
+        self.fast_generation = FastGeneration(merge, sizer)
+
+    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+        fast = self.fast_generation
+        if fast is None:
+            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        if fast.sizer is not None:
+            fast.sizer.fit(padded_prompt_length(prompt_ids, self.args.pad_to_multiple_of))
+        policy = self.accelerator.unwrap_model(self.model_wrapped)
+        drop_repeated_input_grad_hooks(policy)
+        with fast.generating(policy, self.state.global_step) as timing:
+            output = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        if fast.merge is not None and self.model.training:
+            self._metrics["train"]["fast_generation/merge_time"].append(timing["merge_time"])
+        return output
+
+
+def _check_continuous_batching(args, policy: torch.nn.Module, quantized: bool) -> None:
+    """TRL's continuous batching casts the policy to the bf16/fp16 of `args` before every generation.
+
+    Raises:
+        ValueError: bitsandbytes-quantized weights, which that cast breaks.
+    """
+    if quantized:
+        raise ValueError(
+            "use_transformers_continuous_batching=True: TRL casts the model to bf16/fp16 before each generation, "
+            "which bitsandbytes-quantized (QLoRA) weights do not survive; turn it off (for QLoRA, "
+            "generation_lora_merge='copy' with generation_compile=True is the fast path)"
+        )
+    if args.bf16 or args.fp16:
+        fp32 = [name for name, p in policy.named_parameters() if p.requires_grad and p.dtype == torch.float32]
+        if fp32:
+            logger.warning(
+                "use_transformers_continuous_batching=True: TRL casts the model to %s before each generation, which "
+                "turns %d fp32 trainable parameters (e.g. %s; PEFT keeps LoRA adapters in fp32) into %s ones for the "
+                "rest of training.",
+                "bf16" if args.bf16 else "fp16",
+                len(fp32),
+                fp32[0],
+                "bf16" if args.bf16 else "fp16",
+            )

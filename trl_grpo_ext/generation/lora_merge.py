@@ -1,0 +1,196 @@
+"""Generating from LoRA weights merged into the base weights, without drift.
+
+LoRA (Hu et al. 2021, arXiv:2106.09685, eq. 3) computes h = W₀x + ΔW·x with ΔW = (α/r)·B·A. Unmerged, every
+adapted linear layer runs its base matmul plus A, B, a scale and an add: four more kernel launches per layer and
+decoded token, which is what makes decoding launch-bound. Merged, W = W₀ + ΔW is one matmul.
+
+PEFT's own `merge_adapter()` / `unmerge_adapter()` adds ΔW and subtracts it again in the weights' dtype. In bf16,
+(W₀ + ΔW) − ΔW is not W₀ (each step rounds), so the frozen base drifts a little more with every cycle. Here it never
+does:
+
+* `InplaceMerge` writes W₀ + ΔW into the policy's own base weights for one generation and then copies W₀ back from
+  a copy taken once in host memory: bit for bit, whatever the dtype. GPU memory: none; host memory: one copy of the
+  adapted layers' base weights; time: one host-to-device copy of them per generation.
+* `GenerationCopy` is a second model of the policy's architecture whose adapted linear layers hold W₀ + ΔW in the
+  compute dtype and which shares every other tensor (embeddings, norms, biases, rotary buffers) with the policy. For
+  4-bit (QLoRA) weights, W₀ is dequantized. The policy is never written. GPU memory: one compute-dtype copy of the
+  adapted (and quantized) linear layers.
+
+ΔW comes from PEFT's public `LoraLayer.get_delta_weight`; the sum W₀ + ΔW is taken in fp32 and rounded once.
+Supported: PEFT LoRA on `nn.Linear` and bitsandbytes 4-bit linear layers, any number of active adapters. Refused
+(`ValueError`, naming the layer): DoRA, `lora_bias`, LoRA on other layer types, `modules_to_save`.
+"""
+
+import copy
+from contextlib import contextmanager
+
+import torch
+from peft.tuners.lora import LoraLayer
+from peft.utils import ModulesToSaveWrapper
+from peft.utils.integrations import dequantize_module_weight
+
+
+def is_quantized_linear(module: torch.nn.Module) -> bool:
+    """Whether `module` holds bitsandbytes-quantized weights (`Params4bit` / `Int8Params`)."""
+    weight = getattr(module, "weight", None)
+    return type(weight).__name__ in ("Params4bit", "Int8Params")
+
+
+def lora_linears(model: torch.nn.Module) -> dict[str, LoraLayer]:
+    """The LoRA linear layers of a PEFT model, by module name (relative to `model`).
+
+    Raises:
+        ValueError: no LoRA layer, or a layer this module cannot merge exactly (DoRA, `lora_bias`, a non-linear base
+            layer, `modules_to_save`), naming it.
+    """
+    layers = {}
+    for name, module in model.named_modules():
+        if isinstance(module, ModulesToSaveWrapper):
+            raise ValueError(f"generation_lora_merge: {name} is a PEFT modules_to_save layer, which is not supported")
+        if not isinstance(module, LoraLayer):
+            continue
+        base = module.get_base_layer()
+        if not (isinstance(base, torch.nn.Linear) or is_quantized_linear(base)):
+            raise ValueError(f"generation_lora_merge: {name} adapts a {type(base).__name__}; only linear layers merge")
+        for adapter in module.active_adapters:
+            if module.use_dora.get(adapter, False) or module.lora_bias.get(adapter, False):
+                raise ValueError(f"generation_lora_merge: {name} uses DoRA or lora_bias, which do not merge exactly")
+        layers[name] = module
+    if not layers:
+        raise ValueError(
+            "generation_lora_merge needs a PEFT LoRA model (peft_config), but the model has no LoRA layer"
+        )
+    return layers
+
+
+def lora_delta(layer: LoraLayer) -> torch.Tensor:
+    """ΔW = Σ over active adapters of (α/r)·B·A, shape (d_out, d_in), in the adapters' dtype (PEFT's
+    `get_delta_weight`, arXiv:2106.09685, eq. 3)."""
+    adapters = [a for a in layer.active_adapters if a in layer.lora_A]
+    delta = layer.get_delta_weight(adapters[0])
+    for adapter in adapters[1:]:
+        delta = delta + layer.get_delta_weight(adapter)
+    return delta
+
+
+@torch.no_grad()
+def merged_weight(layer: LoraLayer, dtype: torch.dtype) -> torch.Tensor:
+    """W₀ + ΔW for one LoRA layer, shape (d_out, d_in): summed in fp32, rounded once to `dtype`. W₀ is dequantized when
+    it is 4-bit or 8-bit."""
+    base = dequantize_module_weight(layer.get_base_layer())
+    return (base.float() + lora_delta(layer).float()).to(dtype)
+
+
+class InplaceMerge:
+    """Merge the LoRA adapters into the policy's own base weights for a generation; restore them exactly after.
+
+    Args:
+        model: a PEFT model (`PeftModel`) with LoRA on unquantized linear layers.
+
+    Raises:
+        ValueError: quantized base weights (a merge into 4-bit weights would requantize them, which is lossy; use
+            `GenerationCopy`), or a layer `lora_linears` refuses.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.layers = lora_linears(model)
+        quantized = [name for name, layer in self.layers.items() if is_quantized_linear(layer.get_base_layer())]
+        if quantized:
+            raise ValueError(
+                f"generation_lora_merge='inplace' cannot merge into quantized weights ({quantized[0]} is "
+                "bitsandbytes-quantized; a requantized merge is lossy): use generation_lora_merge='copy'"
+            )
+        pin = torch.cuda.is_available() and any(x.get_base_layer().weight.is_cuda for x in self.layers.values())
+        self.backup = {
+            name: layer.get_base_layer().weight.detach().to("cpu", copy=True) for name, layer in self.layers.items()
+        }
+        if pin:  # page-locked, so that the restore is a plain DMA copy
+            self.backup = {name: tensor.pin_memory() for name, tensor in self.backup.items()}
+
+    def backup_bytes(self) -> int:
+        """Host memory the copy of the base weights takes, in bytes."""
+        return sum(t.numel() * t.element_size() for t in self.backup.values())
+
+    @contextmanager
+    def merged(self):
+        """Within the block the base weights hold W₀ + ΔW and PEFT's adapter layers are disabled (the forward is the
+        base layer alone); on exit, also by an exception, every base weight is W₀ again, bit for bit."""
+        try:
+            with torch.no_grad():
+                for layer in self.layers.values():
+                    weight = layer.get_base_layer().weight
+                    weight.copy_(merged_weight(layer, weight.dtype))
+            with self.model.disable_adapter():
+                yield
+        finally:
+            self.restore()
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        """Copy every base weight back from the host copy."""
+        for name, layer in self.layers.items():
+            layer.get_base_layer().weight.copy_(self.backup[name], non_blocking=True)
+
+
+class GenerationCopy:
+    """A second model of the policy's architecture that generates from merged weights.
+
+    Its adapted linear layers own a weight W₀ + ΔW in the compute dtype (the dtype of the input embeddings; for
+    QLoRA, bitsandbytes' compute dtype) and so do the quantized linear layers without an adapter (dequantized once);
+    everything else is the policy's own tensor, shared. `refresh()` rewrites the merged weights from the current
+    adapters.
+
+    Args:
+        model: a PEFT model (`PeftModel`) with LoRA.
+
+    Raises:
+        ValueError: a layer `lora_linears` refuses.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        from transformers import AutoModelForCausalLM
+
+        base = model.get_base_model()
+        self.layers = lora_linears(base)
+        self.dtype = base.get_input_embeddings().weight.dtype
+        config = copy.deepcopy(base.config)
+        config.__dict__.pop("quantization_config", None)  # the copy is a plain model in the compute dtype
+        with torch.device("meta"):  # no memory, no random initialization
+            skeleton = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
+        owned, frozen = {}, {}
+        # Each parameter and buffer is set by `setattr`, not `load_state_dict(assign=True)`: that one would also set
+        # requires_grad of the policy's shared parameters (embeddings) to the skeleton's True, and train them.
+        tensors = [(key, True) for key, _ in skeleton.named_parameters(remove_duplicate=False)]
+        tensors += [(key, False) for key, _ in skeleton.named_buffers(remove_duplicate=False)]
+        for key, is_parameter in tensors:
+            path, _, leaf = key.rpartition(".")
+            source, target = base.get_submodule(path), skeleton.get_submodule(path)
+            if path in self.layers and leaf == "weight":
+                shape, device = tuple(getattr(target, leaf).shape), source.get_base_layer().weight.device
+                owned[path] = value = torch.empty(shape, dtype=self.dtype, device=device)
+            elif is_quantized_linear(source) and leaf == "weight":
+                frozen[path] = value = dequantize_module_weight(source).to(self.dtype)
+            else:  # the policy's own tensor (of the base layer when the module is adapted)
+                value = getattr(source.get_base_layer() if path in self.layers else source, leaf)
+            if is_parameter and not isinstance(value, torch.nn.Parameter):
+                value = torch.nn.Parameter(value, requires_grad=False)
+            setattr(target, leaf, value)
+        left = [key for key, t in [*skeleton.named_parameters(), *skeleton.named_buffers()] if t.is_meta]
+        if left:
+            raise RuntimeError(f"generation copy: {left[0]} has no counterpart in the policy")
+        skeleton.generation_config = copy.deepcopy(base.generation_config)
+        self.model = skeleton.eval()
+        self.owned = owned  # module name -> merged weight (d_out, d_in)
+        self.frozen_bytes = sum(t.numel() * t.element_size() for t in frozen.values())
+        self.refresh()
+
+    def copy_bytes(self) -> int:
+        """Memory the copy's own weights take (merged and dequantized linear layers), in bytes."""
+        return sum(t.numel() * t.element_size() for t in self.owned.values()) + self.frozen_bytes
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Rewrite every merged weight as W₀ + ΔW from the policy's current adapters."""
+        for name, layer in self.layers.items():
+            self.owned[name].copy_(merged_weight(layer, self.dtype))
