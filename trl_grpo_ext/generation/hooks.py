@@ -196,6 +196,16 @@ class FastGenerationHooks:
                     "quantizer is not compileable), so generation would silently stay uncompiled; set "
                     "generation_lora_merge='copy' to generate from a bf16 copy, which compiles"
                 )
+            from peft import PeftModel
+
+            generator = type(policy.get_base_model() if isinstance(policy, PeftModel) else policy)
+            if not getattr(generator, "_can_compile_fullgraph", True):  # transformers' flag for its own tests
+                logger.warning(
+                    "generation_compile=True: transformers does not mark %s as compiling in one graph "
+                    "(_can_compile_fullgraph is False), so its decode step may break into several graphs and gain "
+                    "less from compilation.",
+                    generator.__name__,
+                )
             if device_type == "cuda" and importlib.util.find_spec("triton") is None:
                 raise ValueError(
                     "generation_compile=True needs Triton for torch.compile on CUDA, which is not installed: "
