@@ -137,7 +137,7 @@ def measure(preset: str, config: str, args, model_dir: Path) -> dict:
             preset, out, args.steps, args.device, args.tiny, extra
         )
         row |= {
-            "model": model_args.model_name_or_path,
+            "model": model_args.model_name_or_path + (" (tiny: 2 layers)" if args.tiny else ""),
             "method": ("QLoRA" if model_args.load_in_4bit else "LoRA") + f" r={model_args.lora_r}",
             "completion_length": training_args.max_completion_length,
             "generation_batch": training_args.generation_batch_size,
@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.completion_length is None:
         args.completion_length = 0 if args.tiny else DEFAULT_COMPLETION_LENGTH
+    if args.completion_length < 0:
+        parser.error(f"--completion-length must be >= 0 (0: the preset's own), got {args.completion_length}")
     if args.steps < 2:
         parser.error(f"--steps must be >= 2 (the first step compiles and is not measured), got {args.steps}")
     problem = environment_problem("gpu_throughput.py", "GPU generation speed", args.device, bool(args.child))
@@ -249,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     versions = next((row["versions"] for row in rows if "versions" in row), {})
     device = next((row["device"] for row in rows if "device" in row), args.device)
-    header = f"{device}; GRPO steps per configuration: {args.steps} (the first not measured); "
+    header = f"{device}{' (--tiny: 2-layer models, a smoke run, not a speed figure)' if args.tiny else ''}; GRPO "
+    header += f"steps per configuration: {args.steps} (the first not measured); "
     header += ", ".join(f"{k} {v}" for k, v in versions.items())
     (out / f"{name}.json").write_text(json.dumps({"steps": args.steps, "device": device, "rows": rows}, indent=2))
     (out / f"{name}.md").write_text(markdown(rows, header))

@@ -25,6 +25,7 @@ from trl_grpo_ext import GRPOConfig, GRPOTrainer, presets
 from trl_grpo_ext.callbacks import MetricsTableCallback
 from trl_grpo_ext.data import load_gsm8k, synthetic_gsm8k, to_grpo_rows
 from trl_grpo_ext.evaluation import evaluate_gsm8k, format_table, write_results
+from trl_grpo_ext.generation.checks import model_setting_problem
 from trl_grpo_ext.requirements import check_optional_dependencies, deepspeed_requested
 from trl_grpo_ext.rewards import REWARD_FUNCS
 from trl_grpo_ext.tiny_model import save_tiny_model
@@ -88,6 +89,10 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
         )
     if not script_args.tiny_model and model_args.model_name_or_path is None:
         raise ValueError("model_name_or_path is required (or set tiny_model=True)")
+    quantized = model_args.load_in_4bit or model_args.load_in_8bit
+    problem = model_setting_problem(training_args, lora=model_args.use_peft, quantized=quantized)
+    if problem is not None:
+        raise ValueError(problem)
 
     eval_dataset = None
     if script_args.dataset_path is None and script_args.synthetic_problems > 0:

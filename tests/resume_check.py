@@ -31,6 +31,7 @@ from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows
 # resume covers only the steps that call ran (by design: `Trainer._initial_global_step`).
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TIMING_KEYS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss"}
+TIMING_KEYS |= {"fast_generation/merge_time"}
 DEFAULTS = dict(
     per_device_train_batch_size=12,
     num_generations=4,

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, BitsAndBytesConfig, GenerationCon
 from trl.trainer.grpo_trainer import GRPOTrainer as TRLGRPOTrainer
 
 from tests.conftest import length_reward, small_grpo_kwargs
-from tests.resume_check import launch_phase
+from tests.resume_check import check_resume, launch_phase
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.generation import hooks as generation_hooks
 from trl_grpo_ext.generation.hooks import generation_copy_bytes, padded_prompt_length
@@ -163,7 +163,7 @@ def test_generation_copy_shares_every_other_tensor_and_follows_the_adapters(tiny
     assert copy.model.model.norm.weight is base.model.norm.weight
     assert copy.model.model.layers[0].self_attn.q_proj.bias is base.model.layers[0].self_attn.q_proj.base_layer.bias
     # its own weights: every adapted linear layer (7 per layer, 2 layers) in fp32, d_out·d_in each
-    assert len(copy.owned) == 14 and copy.copy_bytes() == generation_copy_bytes(model, torch.float32)
+    assert len(copy.owned) == 14 and copy.copy_bytes() == generation_copy_bytes(model)
     ids, mask = left_padded_prompts([6, 6])
     with torch.no_grad():
         for p in (p for n, p in model.named_parameters() if "lora_B" in n):
@@ -187,7 +187,43 @@ def test_generation_copy_of_a_4bit_model_is_the_dequantized_base_plus_the_adapte
     expected = dequantize_4bit(layer.base_layer.weight.data, layer.base_layer.weight.quant_state).float()
     expected += layer.get_delta_weight("default")
     torch.testing.assert_close(copy.model.model.layers[1].mlp.down_proj.weight, expected)
-    assert copy.copy_bytes() == generation_copy_bytes(model, torch.float32)
+    assert copy.copy_bytes() == generation_copy_bytes(model)
+
+
+@pytest.mark.parametrize("mode", ["inplace", "copy"])
+def test_layers_that_no_active_adapter_adapts_keep_their_base_weight(tiny_model_dir, mode):
+    """Two adapters on different layers, one active: the other's layers generate from W0."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model = get_peft_model(model, LoraConfig(r=4, target_modules=["v_proj"], init_lora_weights=False), "old")
+    model.add_adapter("new", LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False))
+    model.set_adapter("new")
+    ids, mask = left_padded_prompts([8, 11])
+    unmerged = greedy(model, ids, mask)
+    if mode == "inplace":
+        with InplaceMerge(model).merged():
+            merged = greedy(model, ids, mask)
+    else:
+        merged = greedy(GenerationCopy(model).model, ids, mask)
+    assert torch.equal(merged, unmerged)
+
+
+def test_inplace_merge_refuses_a_weight_tied_to_the_embeddings(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)  # the tiny model ties lm_head to the embeddings
+    model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "lm_head"]))
+    with pytest.raises(ValueError, match="lm_head shares its weight with the embeddings"):
+        InplaceMerge(model)
+    GenerationCopy(model)  # the copy owns its merged lm_head and leaves the embeddings alone
+
+
+def test_generation_copy_of_4bit_weights_is_in_bitsandbytes_compute_dtype(tiny_model_dir):
+    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, quantization_config=quantization)  # fp32 embeddings
+    model = get_peft_model(model, LoraConfig(**LORA))
+    copy = GenerationCopy(model)
+    assert {w.dtype for w in copy.owned.values()} == {torch.bfloat16}
+    # 14 adapted linear layers of the tiny model (2 layers x 7) in bf16: q, o 64x64; k, v 64x32; gate, up, down 64x128
+    assert copy.copy_bytes() == generation_copy_bytes(model) == 2 * (2 * 4096 + 2 * 2048 + 3 * 8192) * 2
 
 
 def test_unsupported_lora_layers_are_refused_by_name(tiny_model_dir):
@@ -318,6 +354,8 @@ def test_a_trl_that_no_longer_generates_through_generate_fails_loudly(tiny_model
          "use_transformers_continuous_batching=True generates another way"),
         ({"generation_lora_merge": "copy", "use_vllm": True}, "use_vllm=True generates another way"),
         ({"generation_compile": True, "cache_implementation": "dynamic"}, "cache_implementation must be unset or"),
+        ({"generation_compile": True, "generation_kwargs": {"cache_implementation": "dynamic"}},
+         r"remove \['cache_implementation'\] from generation_kwargs"),
     ],
 )  # fmt: skip
 def test_generation_settings_are_checked_at_config_time(tmp_path, overrides, match):
@@ -328,8 +366,8 @@ def test_generation_settings_are_checked_at_config_time(tmp_path, overrides, mat
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"lora": False, "generation_lora_merge": "inplace"}, "the model is not a PEFT model"),
-        ({"quantized": True, "generation_lora_merge": "inplace"}, "cannot merge into quantized weights"),
+        ({"lora": False, "generation_lora_merge": "inplace"}, "merges LoRA adapters, but the model has none"),
+        ({"quantized": True, "generation_lora_merge": "inplace"}, "cannot merge into bitsandbytes-quantized weights"),
         ({"quantized": True, "generation_compile": True}, "transformers does not compile bitsandbytes"),
         ({"quantized": True, "use_transformers_continuous_batching": True}, "do not survive"),
     ],
@@ -337,6 +375,32 @@ def test_generation_settings_are_checked_at_config_time(tmp_path, overrides, mat
 def test_settings_that_cannot_apply_to_the_model_are_refused_at_init(tiny_model_dir, tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         _trainer(tiny_model_dir, tmp_path, **kwargs)
+
+
+def test_a_plain_trl_config_with_a_bad_value_of_ours_is_refused(tiny_model_dir, tmp_path):
+    import trl
+
+    args = trl.GRPOConfig(**small_grpo_kwargs(tmp_path))
+    args.generation_lora_merge = "bogus"
+    with pytest.raises(ValueError, match="generation_lora_merge must be one of"):
+        GRPOTrainer(model=tiny_model_dir, reward_funcs=[length_reward], args=args, train_dataset=_dataset())
+
+
+def test_compile_with_lora_dropout_warns_that_completions_differ(tiny_model_dir, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="trl_grpo_ext.generation.hooks"):
+        GRPOTrainer(
+            model=tiny_model_dir,
+            reward_funcs=[length_reward],
+            args=GRPOConfig(**small_grpo_kwargs(tmp_path, generation_compile=True)),
+            train_dataset=_dataset(),
+            peft_config=LoraConfig(r=4, target_modules=["q_proj"], lora_dropout=0.1),
+        )
+    assert "lora_dropout > 0" in caplog.text
+
+
+def test_a_run_with_compiled_copy_generation_resumes_exactly(tiny_model_dir, tmp_path):
+    config = {"lora": 4, "generation_lora_merge": "copy", "generation_compile": True, "num_iterations": 2}
+    assert check_resume(config, tmp_path, tiny_model_dir) <= 1e-6
 
 
 def test_a_generation_copy_larger_than_the_free_gpu_memory_is_refused(tiny_model_dir, tmp_path, monkeypatch):
@@ -429,7 +493,7 @@ def test_gpu_throughput_benchmark_runs_every_configuration_in_cpu_smoke_mode(tmp
     assert by_config["qlora_copy_compile"]["method"] == "QLoRA r=16"
     assert by_config["inplace"]["merge_s"] > 0 and by_config["stock"]["merge_s"] == 0
     table = (tmp_path / "gpu_throughput_tiny.md").read_text()
-    row = "| 8gb | preset | Qwen/Qwen2.5-1.5B-Instruct, LoRA r=16 | compiled static cache, merged in place | 8 × 16 |"
+    row = "| 8gb | preset | Qwen/Qwen2.5-1.5B-Instruct (tiny: 2 layers), LoRA r=16 | compiled static cache, merged in "
     assert row in table
 
 

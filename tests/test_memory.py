@@ -92,8 +92,18 @@ def test_fast_generation_terms_by_hand(tmp_path):
     # A fixed prompt budget sizes the cache: (100 + 8) · 8 · 256 = 221184.
     budget = small_estimate(tmp_path, {"generation_compile": True, "generation_max_prompt_length": 100})
     assert budget.kv_cache * GIB == pytest.approx(221184)
-    with pytest.raises(ValueError, match="generation_lora_merge='copy' needs LoRA"):
-        small_estimate(tmp_path, {"generation_lora_merge": "copy"}, lora_r=None)
+    # A prompt longer than the budget grows the cache to the next multiple of 64, as the trainer does: 128 + 8.
+    fixed = {"generation_compile": True, "generation_max_prompt_length": 64}
+    longer = small_estimate(tmp_path, fixed, prompt_length=70)
+    assert longer.kv_cache * GIB == pytest.approx(8 * 136 * 256)
+    # What the trainer refuses, the estimate refuses too, in the same words.
+    for overrides, kwargs, match in (
+        ({"generation_lora_merge": "copy"}, {"lora_r": None}, "merges LoRA adapters, but the model has none"),
+        ({"generation_lora_merge": "inplace"}, {"load_in_4bit": True}, "cannot merge into bitsandbytes-quantized"),
+        ({"generation_compile": True}, {"load_in_4bit": True}, "does not compile bitsandbytes-quantized"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            small_estimate(tmp_path, overrides, **kwargs)
 
 
 def test_continuous_batching_takes_its_share_of_what_is_left(tmp_path):

@@ -87,6 +87,14 @@ def test_recipe_end_to_end_on_real_gsm8k(gsm8k_dir, tmp_path):
     [
         (["--reward_funcs", "gsm8k_acuracy"], r"reward_funcs: unknown name\(s\) \['gsm8k_acuracy'\]"),
         (["--model_name_or_path", "some/model"], "tiny_model=True builds its own model; remove model_name_or_path"),
+        (
+            ["--generation_lora_merge", "copy"],
+            r"the model has none: train with LoRA \(peft_config; in the recipes --use_peft",
+        ),
+        (
+            ["--use_peft", "true", "--load_in_4bit", "true", "--generation_compile", "true"],
+            "does not compile bitsandbytes",
+        ),
     ],
 )
 def test_bad_recipe_settings_fail_before_any_model_is_built(tmp_path, argv, message):

@@ -17,7 +17,8 @@ COLUMNS = (
 )
 PLOT_NAME = "training_curves.png"
 GROUPS_PLOT_NAME = "policy_groups.png"
-EXTENSION_METRICS = ("policy_groups/", "entropy_reg/", "grad_reg/", "kl_coef")  # kept in the history too
+# kept in the history too
+EXTENSION_METRICS = ("policy_groups/", "entropy_reg/", "grad_reg/", "kl_coef", "fast_generation/")
 HISTORY_NAME = "training_metrics.jsonl"
 
 

@@ -57,6 +57,7 @@ is freed before the backward, and gradients are freed (`zero_grad(set_to_none=Tr
 import math
 from dataclasses import dataclass, fields
 
+from .generation.checks import model_setting_problem
 from .generation.static_cache import prompt_budget
 
 GIB = 2**30
@@ -316,8 +317,8 @@ def estimate(
 
     Raises:
         ValueError: an unknown LoRA target, 4-bit weights without LoRA, colocated vLLM without `card_gib` or with a
-            share of the card smaller than the weights, continuous batching without `card_gib`, a generation copy
-            without LoRA.
+            share of the card smaller than the weights, continuous batching without `card_gib`, a fast-generation
+            setting that cannot apply to this model (`generation.checks.model_setting_problem`).
     """
     if load_in_4bit and lora_r is None:
         raise ValueError("load_in_4bit needs LoRA (lora_r): 4-bit weights cannot be trained directly")
@@ -338,16 +339,17 @@ def estimate(
 
     vllm, vllm_persistent, kv, workspace, copy, compiled = 0.0, False, 0, 0, 0, 0
     sequences = args.generation_batch_size // max(args.world_size, 1)
-    merge = getattr(args, "generation_lora_merge", "none")  # a TRL GRPOConfig has none of this package's fields
-    if merge == "copy":
-        if targets is None:
-            raise ValueError("generation_lora_merge='copy' needs LoRA (lora_r): it merges adapters into a copy")
-        copy = generation_copy_bytes(model_config, targets, load_in_4bit)
+    if hasattr(args, "generation_lora_merge"):  # a TRL GRPOConfig has none of this package's fields
+        problem = model_setting_problem(args, lora=targets is not None, quantized=load_in_4bit)
+        if problem is not None:
+            raise ValueError(problem)
+        if args.generation_lora_merge == "copy":
+            copy = generation_copy_bytes(model_config, targets, load_in_4bit)
     if args.use_vllm:
         if args.vllm_mode == "colocate":
             if card_gib is None:
                 raise ValueError(
-                    "use_vllm with vllm_mode='colocate' needs card_gib: vLLM takes a fraction of the card"
+                    "use_vllm with vllm_mode='colocate' needs card_gib (--card-gib): vLLM takes a fraction of the card"
                 )
             vllm, vllm_persistent = args.vllm_gpu_memory_utilization * card_gib, not args.vllm_enable_sleep_mode
             if vllm * GIB <= weights:
@@ -357,7 +359,7 @@ def estimate(
                 )
     elif args.use_transformers_continuous_batching:
         if card_gib is None:
-            raise ValueError("continuous batching needs card_gib: its cache takes a share of the card")
+            raise ValueError("continuous batching needs card_gib (--card-gib): its cache takes a share of the card")
         share = (args.transformers_continuous_batching_config or {}).get("max_memory_percent", 0.5)
         resident = weights + (trainable * param_bytes) + optimizer_bytes(trainable, optim, param_bytes) + copy
         kv = share * max(card_gib * GIB - resident - OVERHEAD_GIB * GIB, 0)
@@ -366,7 +368,9 @@ def estimate(
         static = None
         if getattr(args, "generation_compile", False):
             budget = args.generation_max_prompt_length or prompt_budget(prompt_length)
-            static = max(budget, prompt_length) + completion
+            if prompt_length > budget:  # the trainer grows the cache to the next bucket, as StaticCacheSizer.fit does
+                budget = prompt_budget(prompt_length)
+            static = budget + completion
             compiled = compile_workspace_bytes(model_config, sequences)
         kv, workspace = generation_bytes(model_config, sequences, prompt_length, completion, static)
 

@@ -5,6 +5,8 @@ Every setting is off by default (`GRPOConfig.generation_compile`, `generation_ma
 * `static_cache`: a static KV cache of fixed length and a `torch.compile`d decode step (CUDA graphs on a GPU).
 * `lora_merge`: generating from W₀ + ΔW instead of PEFT's adapter layers, without drift: merged into the policy and
   restored bit for bit (`InplaceMerge`), or a separate generation copy, dequantized for QLoRA (`GenerationCopy`).
+* `checks`: which settings a model (LoRA or not, 4-bit or not) refuses, asked by the trainer, the memory estimate and
+  the recipe alike.
 * `hooks`: the trainer wiring (`FastGenerationHooks._generate_single_turn`), the init-time checks that refuse a
   setting that cannot apply, and those for TRL's continuous batching.
 

@@ -32,7 +32,8 @@ import torch
 from accelerate.utils import DistributedType
 
 from ..config import generation_levers
-from .lora_merge import GenerationCopy, InplaceMerge, is_quantized_linear, lora_linears
+from .checks import model_setting_problem
+from .lora_merge import GenerationCopy, InplaceMerge, compute_dtype, is_quantized_linear, lora_linears
 from .static_cache import StaticCacheSizer
 
 logger = logging.getLogger(__name__)
@@ -135,14 +136,14 @@ def free_device_memory(device: torch.device) -> int | None:
     return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
 
 
-def generation_copy_bytes(model: torch.nn.Module, dtype: torch.dtype) -> int:
+def generation_copy_bytes(model: torch.nn.Module) -> int:
     """Bytes a `GenerationCopy` of `model` (a PEFT model) allocates: every adapted or quantized linear layer's
-    d_out·d_in weights in `dtype`."""
+    d_out·d_in weights in the compute dtype (`lora_merge.compute_dtype`)."""
     base = model.get_base_model()
     adapted = lora_linears(base)
     layers = [layer.get_base_layer() for layer in adapted.values()]
     layers += [m for name, m in base.named_modules() if is_quantized_linear(m) and not name.startswith(tuple(adapted))]
-    element = torch.empty((), dtype=dtype).element_size()
+    element = torch.empty((), dtype=compute_dtype(base)).element_size()
     return sum(layer.in_features * layer.out_features for layer in layers) * element
 
 
@@ -156,10 +157,11 @@ class FastGenerationHooks:
         """Called at the end of `GRPOTrainer.__init__`, once the model is loaded.
 
         Raises:
-            ValueError: a lever that cannot apply, naming the setting and why: a merge without a PEFT LoRA model, into
-                quantized weights (`inplace`), or with a generation copy larger than the free GPU memory (`copy`);
-                compilation of a bitsandbytes model without `copy`, or on CUDA without Triton; any lever under FSDP or
-                DeepSpeed ZeRO-3 (sharded weights); continuous batching with bitsandbytes weights.
+            ValueError: a lever that cannot apply, naming the setting and why: what `checks.model_setting_problem`
+                refuses (a merge without LoRA, `inplace` into quantized weights, compilation of a bitsandbytes model
+                without `copy`); `inplace` on a weight tied to the embeddings; a generation copy larger than the free
+                GPU memory; compilation on CUDA without Triton; any lever under FSDP or DeepSpeed ZeRO-3 (sharded
+                weights); continuous batching with bitsandbytes weights.
         """
         args = self.args
         policy = self.accelerator.unwrap_model(self.model)
@@ -179,22 +181,20 @@ class FastGenerationHooks:
                 f"{', '.join(levers)}: the weights are sharded over processes ({engine}), so no process holds a "
                 "whole layer to merge or compile; use DDP or ZeRO-1/2"
             )
-        mode = args.generation_lora_merge
-        if mode != "none":
-            from peft import PeftModel
+        from peft import PeftModel
 
-            if not isinstance(policy, PeftModel):
-                raise ValueError(
-                    f"generation_lora_merge={mode!r} merges LoRA adapters, but the model is not a PEFT model: pass "
-                    "peft_config (a LoraConfig) or set generation_lora_merge='none'"
-                )
+        mode = args.generation_lora_merge
+        problem = model_setting_problem(args, lora=isinstance(policy, PeftModel), quantized=quantized)
+        if problem is not None:
+            raise ValueError(problem)
         device_type = next(policy.parameters()).device.type
         if args.generation_compile:
-            if quantized and mode != "copy":
-                raise ValueError(
-                    "generation_compile=True: transformers does not compile bitsandbytes-quantized models (their "
-                    "quantizer is not compileable), so generation would silently stay uncompiled; set "
-                    "generation_lora_merge='copy' to generate from a bf16 copy, which compiles"
+            dropout = [m.lora_dropout for m in policy.modules() if hasattr(m, "lora_dropout")]
+            if any(not isinstance(d, torch.nn.Identity) for mods in dropout for d in mods.values()):
+                logger.warning(
+                    "generation_compile=True with lora_dropout > 0: TRL generates in train mode, so PEFT applies LoRA "
+                    "dropout while decoding, and the compiled decode step draws its dropout masks from another "
+                    "random stream than eager code: the completions differ from stock TRL's."
                 )
             from peft import PeftModel
 
@@ -217,8 +217,7 @@ class FastGenerationHooks:
             logger.info("generation_lora_merge='inplace': %.2f GiB of base weights kept in host memory",
                         merge.backup_bytes() / GIB)  # fmt: skip
         elif mode == "copy":
-            dtype = policy.get_base_model().get_input_embeddings().weight.dtype
-            needed = generation_copy_bytes(policy, dtype)
+            needed = generation_copy_bytes(policy)
             free = free_device_memory(next(policy.parameters()).device)
             if free is not None and needed > free:
                 raise ValueError(

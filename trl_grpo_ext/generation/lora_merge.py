@@ -63,22 +63,29 @@ def lora_linears(model: torch.nn.Module) -> dict[str, LoraLayer]:
     return layers
 
 
-def lora_delta(layer: LoraLayer) -> torch.Tensor:
-    """ΔW = Σ over active adapters of (α/r)·B·A, shape (d_out, d_in), in the adapters' dtype (PEFT's
-    `get_delta_weight`, arXiv:2106.09685, eq. 3)."""
-    adapters = [a for a in layer.active_adapters if a in layer.lora_A]
-    delta = layer.get_delta_weight(adapters[0])
-    for adapter in adapters[1:]:
-        delta = delta + layer.get_delta_weight(adapter)
-    return delta
+def lora_delta(layer: LoraLayer) -> torch.Tensor | None:
+    """ΔW = Σ over the layer's active adapters of (α/r)·B·A, shape (d_out, d_in), in the adapters' dtype (PEFT's
+    `get_delta_weight`, arXiv:2106.09685, eq. 3); None when no active adapter adapts this layer."""
+    deltas = [layer.get_delta_weight(a) for a in layer.active_adapters if a in layer.lora_A]
+    return sum(deltas[1:], deltas[0]) if deltas else None
 
 
 @torch.no_grad()
 def merged_weight(layer: LoraLayer, dtype: torch.dtype) -> torch.Tensor:
     """W₀ + ΔW for one LoRA layer, shape (d_out, d_in): summed in fp32, rounded once to `dtype`. W₀ is dequantized when
-    it is 4-bit or 8-bit."""
+    it is 4-bit or 8-bit; without an active adapter the result is W₀."""
     base = dequantize_module_weight(layer.get_base_layer())
-    return (base.float() + lora_delta(layer).float()).to(dtype)
+    delta = lora_delta(layer)
+    return base.to(dtype) if delta is None else (base.float() + delta.float()).to(dtype)
+
+
+def compute_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype a model computes in: bitsandbytes' compute dtype for quantized linear layers, else that of the input
+    embeddings."""
+    for module in model.modules():
+        if is_quantized_linear(module) and getattr(module, "compute_dtype", None) is not None:
+            return module.compute_dtype
+    return model.get_input_embeddings().weight.dtype
 
 
 class InplaceMerge:
@@ -89,7 +96,7 @@ class InplaceMerge:
 
     Raises:
         ValueError: quantized base weights (a merge into 4-bit weights would requantize them, which is lossy; use
-            `GenerationCopy`), or a layer `lora_linears` refuses.
+            `GenerationCopy`), a base weight tied to the embeddings, or a layer `lora_linears` refuses.
     """
 
     def __init__(self, model: torch.nn.Module):
@@ -100,6 +107,13 @@ class InplaceMerge:
             raise ValueError(
                 f"generation_lora_merge='inplace' cannot merge into quantized weights ({quantized[0]} is "
                 "bitsandbytes-quantized; a requantized merge is lossy): use generation_lora_merge='copy'"
+            )
+        embeddings = model.get_input_embeddings().weight
+        tied = [name for name, layer in self.layers.items() if layer.get_base_layer().weight is embeddings]
+        if tied:
+            raise ValueError(
+                f"generation_lora_merge='inplace': {tied[0]} shares its weight with the embeddings (tied), which a "
+                "merge would change for every use of them: use generation_lora_merge='copy'"
             )
         pin = torch.cuda.is_available() and any(x.get_base_layer().weight.is_cuda for x in self.layers.values())
         self.backup = {
@@ -119,8 +133,9 @@ class InplaceMerge:
         try:
             with torch.no_grad():
                 for layer in self.layers.values():
-                    weight = layer.get_base_layer().weight
-                    weight.copy_(merged_weight(layer, weight.dtype))
+                    if lora_delta(layer) is not None:  # a layer no active adapter adapts keeps W0
+                        weight = layer.get_base_layer().weight
+                        weight.copy_(merged_weight(layer, weight.dtype))
             with self.model.disable_adapter():
                 yield
         finally:
@@ -136,10 +151,10 @@ class InplaceMerge:
 class GenerationCopy:
     """A second model of the policy's architecture that generates from merged weights.
 
-    Its adapted linear layers own a weight W₀ + ΔW in the compute dtype (the dtype of the input embeddings; for
-    QLoRA, bitsandbytes' compute dtype) and so do the quantized linear layers without an adapter (dequantized once);
-    everything else is the policy's own tensor, shared. `refresh()` rewrites the merged weights from the current
-    adapters.
+    Its adapted linear layers own a weight W₀ + ΔW in the compute dtype (`compute_dtype`: for QLoRA, bitsandbytes'
+    compute dtype; else the dtype of the input embeddings), and so do the quantized linear layers without an adapter
+    (dequantized once); everything else is the policy's own tensor, shared. `refresh()` rewrites the merged weights
+    from the current adapters.
 
     Args:
         model: a PEFT model (`PeftModel`) with LoRA.
@@ -153,7 +168,7 @@ class GenerationCopy:
 
         base = model.get_base_model()
         self.layers = lora_linears(base)
-        self.dtype = base.get_input_embeddings().weight.dtype
+        self.dtype = compute_dtype(base)
         config = copy.deepcopy(base.config)
         config.__dict__.pop("quantization_config", None)  # the copy is a plain model in the compute dtype
         with torch.device("meta"):  # no memory, no random initialization
