@@ -42,6 +42,14 @@ def greedy(model, input_ids, attention_mask, new_tokens=24):
         return model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
 
 
+def merged_greedy(model, mode, input_ids, attention_mask):
+    """Greedy completions from `model`'s merged weights: merged in place, or from a generation copy."""
+    if mode == "inplace":
+        with InplaceMerge(model).merged():
+            return greedy(model, input_ids, attention_mask)
+    return greedy(GenerationCopy(model).model, input_ids, attention_mask)
+
+
 def left_padded_prompts(lengths, vocab=400, seed=1):
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, vocab, (len(lengths), max(lengths)), generator=generator)
@@ -143,12 +151,7 @@ def test_inplace_merge_restores_the_base_weights_when_generation_fails(tiny_mode
 def test_merged_greedy_completions_equal_the_unmerged_model_token_for_token(tiny_model_dir, mode):
     model = peft_model(tiny_model_dir)
     ids, mask = left_padded_prompts([9, 14, 5, 14])
-    unmerged = greedy(model, ids, mask)
-    if mode == "inplace":
-        with InplaceMerge(model).merged():
-            merged = greedy(model, ids, mask)
-    else:
-        merged = greedy(GenerationCopy(model).model, ids, mask)
+    unmerged, merged = greedy(model, ids, mask), merged_greedy(model, mode, ids, mask)
     assert torch.equal(merged, unmerged)
     assert merged.shape == (4, 14 + 24)
 
@@ -199,13 +202,7 @@ def test_layers_that_no_active_adapter_adapts_keep_their_base_weight(tiny_model_
     model.add_adapter("new", LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False))
     model.set_adapter("new")
     ids, mask = left_padded_prompts([8, 11])
-    unmerged = greedy(model, ids, mask)
-    if mode == "inplace":
-        with InplaceMerge(model).merged():
-            merged = greedy(model, ids, mask)
-    else:
-        merged = greedy(GenerationCopy(model).model, ids, mask)
-    assert torch.equal(merged, unmerged)
+    assert torch.equal(merged_greedy(model, mode, ids, mask), greedy(model, ids, mask))
 
 
 def test_inplace_merge_refuses_a_weight_tied_to_the_embeddings(tiny_model_dir):
