@@ -1,150 +1,263 @@
-"""Policy grouping against stock TRL on a task with four policy groups (issue #4's benchmark).
+"""Policy grouping with its default settings against stock TRL, on a family of task mixes (issues #4 and #11).
 
-    python benchmarks/policy_groups_learning.py [--seeds 0 1 2] [--max_steps 120] [--json FILE]
+    python benchmarks/policy_groups_learning.py                       # every mix, 5 seeds, 2 worker processes
+    python benchmarks/policy_groups_learning.py --mixes base4 --seeds 0 1 --ours '{"policy_group_weight_max": 5}'
 
-The tiny random-init Qwen2 model (built locally) learns on CPU in about a minute. The prompts come in four policy
-groups, and each completion is rewarded 0 or 1 by its prompt's group:
-    short  : 1 if the completion has at most 12 tokens  (learnable, easier)
-    shorter: 1 if it has at most 5 tokens               (learnable, harder)
-    solved : always 1                                   (nothing to learn: zero advantage)
-    noise  : a coin flip from a hash of the completion  (nothing to learn: pure noise)
+The tiny random-init Qwen2 model (built locally) learns on CPU. Its prompts fall into policy groups, and each
+completion is rewarded by its prompt's group (`TASKS`): learnable tasks (short completions, digits), tasks with
+nothing to learn (always solved, never solvable, a coin flip or uniform noise from a hash of the text). A mix
+(`MIXES`) gives each group its task and its share of the 256 prompts: 2 to 6 groups, shares from 10% to 50%, with and
+without a noise group, with and without solved groups, 0/1 and continuous rewards.
+
 Both trainers get the same model, data, seed, batch (16 completions a step) and learning rate. `trl.GRPOTrainer`
-samples the groups uniformly. trl_grpo_ext uses policy group weights (`OURS`: the deficit rule) and uncertainty
-sampling.
+draws prompts uniformly; trl_grpo_ext gets `policy_group_column="task"` and nothing else (plus `--ours` overrides).
+Every `EVAL_EVERY` steps both generate for a fixed evaluation set (8 prompts of each learnable group, 4 completions
+each); the figure is the first step at which the learnable groups' evaluation reward (each group counted alike),
+averaged over the last 2 evaluations, reaches the mix's threshold (`None`: not within `--max_steps`). Also reported:
+the completion tokens generated until then, and the median step time (evaluation excluded).
 
-For each seed the script reports the steps, and the completion tokens generated, until the learnable groups' mean
-reward, averaged over the last 3 steps, reaches 0.9. It then prints the medians over seeds and their ratio (the
-target is ours <= 0.7x TRL's steps). It also reports the mean step time of each trainer, the ratio the issue caps at
-1.05x, with regrouping excluded (none is configured).
+The report gives, per mix, both trainers' steps on each seed, the ratio of the medians (target <= 0.7) and each
+seed's ratio; then the step-time ratio (target <= 1.05). `--json` writes every figure.
 """
 
 import argparse
 import json
+import multiprocessing
 import statistics
 import sys
 import tempfile
 import zlib
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import trl
-from datasets import Dataset
-from transformers import PrinterCallback
+from transformers import TrainerCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trl_grpo_ext import GRPOConfig, GRPOTrainer  # noqa: E402
-from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows  # noqa: E402
-from trl_grpo_ext.tiny_model import save_tiny_model  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # family_common
+from family_common import add_family_arguments, prepare_runs  # noqa: E402
 
-GROUPS = ("short", "shorter", "solved", "noise")
-LEARNABLE = {"short", "shorter"}
-THRESHOLD, WINDOW = 0.9, 3
-# Weights by the deficit rule with uncertainty sampling. The progress rule (pass --ours '{"policy_group_weight_rule":
-# "progress", "policy_group_eta": 2.0, "policy_group_weight_min": 0.2}') falls into the noise group's trap on 3 of 5
-# seeds: coin-flip rewards have the largest p(1-p), and no progress to tell them apart from the learnable groups.
-OURS = dict(
-    policy_group_column="task", policy_group_sampling="uncertainty", policy_group_update_steps=2,
-    policy_group_weight_rule="deficit", policy_group_eta=4.0, policy_group_ema=0.5, policy_group_weight_min=0.05,
-    policy_group_weight_max=5.0,
+PROMPTS, EVAL_PER_GROUP, EVAL_EVERY, MAX_LEN = 256, 8, 4, 24
+SETTINGS = dict(
+    per_device_train_batch_size=16, num_generations=4, max_completion_length=MAX_LEN, learning_rate=3e-3,
+    logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, bf16=False, disable_tqdm=True, beta=0.0,
+    per_device_eval_batch_size=16, num_generations_eval=4,
 )  # fmt: skip
-OURS_RUN = dict(OURS)  # the settings of the variant being run
 
 
-class GroupReward:
-    """The reward of each group (module docstring), recording per step the learnable groups' rewards."""
+def _digit_fraction(text: str) -> float:
+    return sum(ch.isdigit() for ch in text) / max(len(text), 1)
 
-    __name__ = "group_reward"
 
-    def __init__(self):
+def _hash01(text: str) -> float:
+    return zlib.crc32(text.encode()) / 2**32
+
+
+# task -> (reward of one completion from (its text, its length in tokens), learnable)
+TASKS = {
+    "short": (lambda text, n: float(n <= 12), True),  # 0/1; about 5% at the start
+    "shorter": (lambda text, n: float(n <= 5), True),  # 0/1; about 2% at the start
+    "digits": (lambda text, n: float(_digit_fraction(text) >= 0.4), True),  # 0/1: at least 40% digit characters
+    "brevity": (lambda text, n: 1.0 - n / MAX_LEN, True),  # continuous, about 0.05 at the start
+    "digit_share": (lambda text, n: _digit_fraction(text), True),  # continuous, about 0.24 at the start
+    "solved": (lambda text, n: 1.0, False),
+    "hopeless": (lambda text, n: 0.0, False),
+    "coin": (lambda text, n: float(zlib.crc32(text.encode()) % 2), False),  # 0/1 noise
+    "uniform_noise": (lambda text, n: _hash01(text), False),  # continuous noise
+    "constant": (lambda text, n: 0.7, False),  # continuous, solved
+}
+# mix -> ({group: (task, share of the prompts)}, threshold of the learnable groups' evaluation reward)
+MIXES = {
+    "base4": ({"short": ("short", 0.25), "shorter": ("shorter", 0.25), "solved": ("solved", 0.25),
+               "noise": ("coin", 0.25)}, 0.8),
+    "five_noise20": ({"short": ("short", 0.3), "shorter": ("shorter", 0.1), "digits": ("digits", 0.2),
+                      "solved": ("solved", 0.2), "noise": ("coin", 0.2)}, 0.7),
+    "two_solved": ({"short": ("short", 0.4), "solved_a": ("solved", 0.2), "solved_b": ("solved", 0.2),
+                    "noise": ("coin", 0.1), "shorter": ("shorter", 0.1)}, 0.8),
+    "two_groups": ({"shorter": ("shorter", 0.5), "solved": ("solved", 0.5)}, 0.8),
+    "six_groups": ({"short": ("short", 0.1), "shorter": ("shorter", 0.2), "digits": ("digits", 0.2),
+                    "solved": ("solved", 0.2), "noise": ("coin", 0.2), "hopeless": ("hopeless", 0.1)}, 0.6),
+    "continuous": ({"brevity": ("brevity", 0.3), "digit_share": ("digit_share", 0.3),
+                    "noise": ("uniform_noise", 0.2), "constant": ("constant", 0.2)}, 0.6),
+    "no_noise": ({"short": ("short", 0.2), "digits": ("digits", 0.3), "solved": ("solved", 0.5)}, 0.6),
+}  # fmt: skip
+
+
+def group_rows(mix: str) -> list[str]:
+    """The group of each of the `PROMPTS` training prompts: shares rounded, spread by a fixed stride."""
+    groups, _ = MIXES[mix]
+    names = [g for g, (_, share) in groups.items() for _ in range(round(share * PROMPTS))][:PROMPTS]
+    names += [names[-1]] * (PROMPTS - len(names))
+    return [names[(i * 97) % PROMPTS] for i in range(PROMPTS)]  # 97 is prime to 256: a permutation
+
+
+class MixReward:
+    """Rewards each completion by its group's task; records, per evaluation, each learnable group's mean reward and,
+    per training step, the completion tokens."""
+
+    __name__ = "mix_reward"
+
+    def __init__(self, mix: str):
+        self.groups, _ = MIXES[mix]
         self.trainer = None
-        self.per_step: dict[int, list[float]] = {}
+        self.evals: dict[int, dict[str, list[float]]] = {}
         self.tokens: dict[int, int] = {}
 
     def __call__(self, completions, completion_ids, task, **kwargs):
         rewards = []
         for completion, ids, group in zip(completions, completion_ids, task, strict=True):
-            n = len(ids)
-            if group == "short":
-                rewards.append(float(n <= 12))
-            elif group == "shorter":
-                rewards.append(float(n <= 5))
-            elif group == "solved":
-                rewards.append(1.0)
-            else:
-                rewards.append(float(zlib.crc32(completion[0]["content"].encode()) % 2))
+            score, _ = TASKS[self.groups[group][0]]
+            rewards.append(score(completion[0]["content"], len(ids)))
         step = self.trainer.state.global_step
-        self.per_step.setdefault(step, []).extend(r for r, g in zip(rewards, task, strict=True) if g in LEARNABLE)
-        self.tokens[step] = self.tokens.get(step, 0) + sum(len(ids) for ids in completion_ids)
+        if self.trainer.model.training:
+            self.tokens[step] = self.tokens.get(step, 0) + sum(len(ids) for ids in completion_ids)
+        else:
+            per_group = self.evals.setdefault(step, {})
+            for reward, group in zip(rewards, task, strict=True):
+                per_group.setdefault(group, []).append(reward)
         return rewards
 
 
-def dataset() -> Dataset:
-    rows = to_grpo_rows(synthetic_gsm8k(256, seed=7))
-    for i, row in enumerate(rows):
-        row["task"] = GROUPS[i % 4]
-    return Dataset.from_list(rows)
+def datasets(mix: str):
+    from datasets import Dataset
+
+    from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows
+
+    groups, _ = MIXES[mix]
+    rows = to_grpo_rows(synthetic_gsm8k(PROMPTS, seed=7))
+    for row, group in zip(rows, group_rows(mix), strict=True):
+        row["task"] = group
+    learnable = [g for g, (task, _) in groups.items() if TASKS[task][1]]
+    eval_rows = to_grpo_rows(synthetic_gsm8k(EVAL_PER_GROUP * len(learnable), seed=99))
+    for i, row in enumerate(eval_rows):
+        row["task"] = learnable[i % len(learnable)]
+    return Dataset.from_list(rows), Dataset.from_list(eval_rows), learnable
 
 
-def run(model_dir: str, seed: int, ours: bool, max_steps: int, out: str) -> dict:
-    reward = GroupReward()
-    settings = dict(
-        output_dir=out, max_steps=max_steps, per_device_train_batch_size=16, num_generations=4,
-        max_completion_length=24, learning_rate=3e-3, logging_steps=1, report_to="none", save_strategy="no",
-        seed=seed, use_cpu=True, bf16=False, disable_tqdm=True, beta=0.0,
-    )  # fmt: skip
-    config_cls, trainer_cls = (GRPOConfig, GRPOTrainer) if ours else (trl.GRPOConfig, trl.GRPOTrainer)
-    args = config_cls(**settings, **(OURS_RUN if ours else {}))
-    trainer = trainer_cls(model=model_dir, reward_funcs=[reward], args=args, train_dataset=dataset())
-    trainer.remove_callback(PrinterCallback)
-    reward.trainer = trainer
-    trainer.train()
-    curve = [statistics.mean(reward.per_step[s]) if reward.per_step.get(s) else float("nan") for s in range(max_steps)]
-    reached, tokens = None, 0
-    for step in range(max_steps):
-        tokens += reward.tokens.get(step, 0)
-        window = [v for v in curve[max(0, step - WINDOW + 1) : step + 1] if v == v]
-        if step >= WINDOW - 1 and window and statistics.mean(window) >= THRESHOLD:
-            reached = step + 1
-            break
-    step_times = [row["step_time"] for row in trainer.state.log_history if "step_time" in row]
-    return {"steps": reached, "tokens": tokens if reached else None, "step_time": statistics.median(step_times),
-            "curve": curve}  # fmt: skip
+def run(job: dict) -> dict:
+    """One training run (in a worker process): `job` = mix, seed, variant name, overrides (None: stock TRL)."""
+    import torch
+
+    torch.set_num_threads(1)
+    import trl
+    from transformers import PrinterCallback
+
+    from trl_grpo_ext import GRPOConfig, GRPOTrainer
+
+    mix, seed, overrides, max_steps = job["mix"], job["seed"], job["overrides"], job["max_steps"]
+    _, threshold = MIXES[mix]
+    train, evaluation, learnable = datasets(mix)
+    reward = MixReward(mix)
+    with tempfile.TemporaryDirectory() as out:
+        settings = dict(SETTINGS, output_dir=out, max_steps=max_steps, seed=seed, eval_strategy="steps",
+                        eval_steps=EVAL_EVERY)  # fmt: skip
+        if overrides is None:
+            config_cls, trainer_cls = trl.GRPOConfig, trl.GRPOTrainer
+        else:
+            config_cls, trainer_cls = GRPOConfig, GRPOTrainer
+            settings |= {"policy_group_column": "task", "remove_unused_columns": False, **overrides}
+        trainer = trainer_cls(model=job["model_dir"], reward_funcs=[reward], args=config_cls(**settings),
+                              train_dataset=train, eval_dataset=evaluation)  # fmt: skip
+        trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(StopAtThreshold(reward, learnable, threshold))
+        reward.trainer = trainer
+        trainer.train()
+        step_times = [row["step_time"] for row in trainer.state.log_history if "step_time" in row]
+        counts = [row for row in trainer.state.log_history if any(k.endswith("/count") for k in row)]
+        prompts = {k.split("/")[1]: v for k, v in (counts[-1] if counts else {}).items() if k.endswith("/count")}
+    curve = learnable_curve(reward.evals, learnable)
+    reached = steps_to(curve, threshold)
+    tokens = sum(n for step, n in reward.tokens.items() if reached is None or step < reached)
+    return {"mix": mix, "seed": seed, "variant": job["variant"], "steps": reached,
+            "tokens": tokens if reached else None, "step_time": statistics.median(step_times), "curve": curve,
+            "prompts_per_group": prompts}  # fmt: skip
+
+
+class StopAtThreshold(TrainerCallback):
+    """Ends training at the evaluation where the threshold is reached: the figure is known, the remaining steps would
+    only cost time."""
+
+    def __init__(self, reward: MixReward, learnable: list[str], threshold: float):
+        self.reward, self.learnable, self.threshold = reward, learnable, threshold
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if steps_to(learnable_curve(self.reward.evals, self.learnable), self.threshold) is not None:
+            control.should_training_stop = True
+
+
+def learnable_curve(evals: dict, learnable: list[str]) -> list[tuple[int, float]]:
+    """(step, the learnable groups' mean evaluation reward, each group counted alike), in step order."""
+    return [
+        (step, statistics.mean(statistics.mean(g[name]) for name in learnable)) for step, g in sorted(evals.items())
+    ]
+
+
+def steps_to(curve: list[tuple[int, float]], threshold: float) -> int | None:
+    """The first evaluated step at which the mean of the last 2 evaluations reaches `threshold`, or None."""
+    for i in range(1, len(curve)):
+        if (curve[i][1] + curve[i - 1][1]) / 2 >= threshold:
+            return curve[i][0]
+    return None
+
+
+def median_steps(results: list[dict]) -> float:
+    return statistics.median(r["steps"] if r["steps"] is not None else float("inf") for r in results)
+
+
+def report(results: list[dict], variants: list[str]) -> str:
+    for r in results:  # against the current thresholds, also for results read from an earlier --json
+        r["steps"] = steps_to(r["curve"], MIXES[r["mix"]][1])
+    lines = []
+    for mix in MIXES:
+        rows = {v: sorted((r for r in results if r["mix"] == mix and r["variant"] == v), key=lambda r: r["seed"])
+                for v in variants}  # fmt: skip
+        if not rows["trl"] or not all(rows[v] for v in variants[1:]):
+            continue
+        seeds = sorted({r["seed"] for v in variants[1:] for r in rows[v]}) or [r["seed"] for r in rows["trl"]]
+        rows["trl"] = [r for r in rows["trl"] if r["seed"] in seeds]
+        trl_median = median_steps(rows["trl"])
+        lines.append(f"{mix} (threshold {MIXES[mix][1]}): trl steps {[r['steps'] for r in rows['trl']]}, "
+                     f"median {trl_median}")  # fmt: skip
+        for v in variants[1:]:
+            ours = rows[v]
+            ratio = median_steps(ours) / trl_median
+            per_seed = [
+                round((o["steps"] or float("inf")) / (t["steps"] or float("inf")), 2) if t["steps"] else None
+                for o, t in zip(ours, rows["trl"], strict=True)
+            ]
+            times = statistics.median(r["step_time"] for r in ours) / statistics.median(
+                r["step_time"] for r in rows["trl"]
+            )
+            lines.append(f"  {v}: steps {[r['steps'] for r in ours]}, median {median_steps(ours)}, ratio {ratio:.2f} "
+                         f"(target <= 0.70), per seed {per_seed}, step time ratio {times:.2f}")  # fmt: skip
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--max_steps", type=int, default=120)
-    parser.add_argument("--ours", nargs="*", default=["{}"], help="JSON overrides of OURS, one run set each")
-    parser.add_argument("--json", help="write every figure to this JSON file")
+    parser.add_argument("--mixes", nargs="+", default=list(MIXES), choices=list(MIXES))
+    add_family_arguments(parser, seeds=[0, 1, 2, 3, 4], max_steps=160)
     args = parser.parse_args()
-    variants = {"trl": None, **{f"ours{text if text != '{}' else ''}": json.loads(text) for text in args.ours}}
-    results = {name: [] for name in variants}
+    prepared = prepare_runs(args, report)
+    if prepared is None:
+        return
+    variants, previous = prepared
+    from trl_grpo_ext.tiny_model import save_tiny_model
+
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(save_tiny_model(f"{tmp}/tiny"))
-        for seed in args.seeds:
-            for name, overrides in variants.items():
-                OURS_RUN.clear()
-                OURS_RUN.update({**OURS, **(overrides or {})})
-                result = run(
-                    model_dir, seed, overrides is not None, args.max_steps, f"{tmp}/{len(results[name])}{seed}"
-                )
-                results[name].append(result)
-                print(f"seed {seed} {name}: steps to {THRESHOLD} = {result['steps']}, tokens = {result['tokens']}, "
-                      f"median step time {result['step_time']:.3f} s", flush=True)  # fmt: skip
-
-    def median(name, key):
-        return statistics.median(r[key] if r[key] is not None else float("inf") for r in results[name])
-
-    for name in results:
-        if name == "trl":
-            continue
-        print(f"{name}: median steps trl {median('trl', 'steps')}, ours {median(name, 'steps')}, ratio "
-              f"{median(name, 'steps') / median('trl', 'steps'):.2f} (target <= 0.70); median tokens ratio "
-              f"{median(name, 'tokens') / median('trl', 'tokens'):.2f}; median step time trl "
-              f"{median('trl', 'step_time'):.3f} s, ours {median(name, 'step_time'):.3f} s, ratio "
-              f"{median(name, 'step_time') / median('trl', 'step_time'):.2f} (target <= 1.05)")  # fmt: skip
+        jobs = [{"mix": m, "seed": s, "variant": v, "overrides": o, "max_steps": args.max_steps,
+                 "model_dir": model_dir}
+                for m in args.mixes for s in args.seeds for v, o in variants.items()]  # fmt: skip
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=args.workers, mp_context=context) as pool:
+            results = list(previous)
+            for result in pool.map(run, jobs):
+                print(f"{result['mix']} seed {result['seed']} {result['variant']}: steps {result['steps']}, "
+                      f"step time {result['step_time']:.3f} s", flush=True)  # fmt: skip
+                results.append(result)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+    print(report(results, ["trl", *[v for v in variants if v != "trl"]]))
 
 
 if __name__ == "__main__":

@@ -62,6 +62,45 @@ def test_pi_controller_stays_at_its_floor_while_entropy_is_high_and_follows_regr
     assert other.coef == pi.coef and other.integral == pi.integral
 
 
+def test_pi_controller_integral_stays_within_the_coefficient_range():
+    # ki*I is kept in [c_min, c_max] = [0, 0.3]: a long spell above the target leaves I at 0, so a later fall below
+    # the target gets its bonus at once (the proportional term plus a fresh integral)
+    pi = er.EntropyPI(target=1.0, kp=0.5, ki=0.1, bounds=(0.0, 0.3), keys=["all"], horizon=10)
+    pi.update({"all": 1.2})
+    for _ in range(20):  # slowly falling above the target: the projection keeps the output positive, e < 0
+        pi.update({"all": 1.15})
+    assert pi.integral["all"] == 0.0
+    pi.update({"all": 0.8})  # e = 0.2: I = 0.2, trend 0.5^21*(-0.05)... + 0.5*(0.8 - 1.15) ~= -0.175
+    trend = pi.trend["all"]
+    expected = 0.5 * (1.0 - (0.8 + 10 * trend)) + 0.1 * 0.2
+    assert pi.coef["all"] == pytest.approx(min(expected, 0.3))
+    integral_only = er.EntropyPI(target=1.0, kp=0.0, ki=0.1, bounds=(0.0, 0.3), keys=["all"])
+    for _ in range(10):  # e = 1 every step: I = 1, 2, 3, then held at c_max / k_i = 3
+        integral_only.update({"all": 0.0})
+    assert integral_only.integral["all"] == pytest.approx(3.0) and integral_only.coef["all"] == pytest.approx(0.3)
+
+
+def test_pi_controller_with_a_horizon_acts_before_a_fast_fall_crosses_the_target():
+    pi = er.EntropyPI(target=1.0, kp=0.5, ki=0.02, bounds=(0.0, 1.0), keys=["all"], horizon=4)
+    plain = er.EntropyPI(target=1.0, kp=0.5, ki=0.02, bounds=(0.0, 1.0), keys=["all"])
+    for controller in (pi, plain):
+        controller.update({"all": 2.0})  # first measurement: no trend yet; e = -1, output < 0: c = 0, I stays 0
+        controller.update({"all": 1.6})  # trend s = 0.5*0 + 0.5*(1.6 - 2.0) = -0.2 nats per step
+    assert pi.trend["all"] == pytest.approx(-0.2)
+    # heading to 1.6 + 4*(-0.2) = 0.8: c = 0.5*(1 - 0.8) + 0.02*I = 0.1 while still above the target; the integral
+    # would be 0 + (1 - 1.6) = -0.6, but k_i*I stays within [c_min, c_max] = [0, 1]: I = 0 (no negative windup
+    # to unwind once the entropy is below the target)
+    assert pi.coef["all"] == pytest.approx(0.1) and pi.integral["all"] == 0.0
+    assert plain.coef["all"] == 0.0  # the PI controller waits for the crossing
+    # a rising entropy above the target gets no bonus: s = 0.5*(-0.2) + 0.5*(2.4 - 1.6) = 0.3 (rises are not projected)
+    pi.update({"all": 2.4})
+    assert pi.trend["all"] == pytest.approx(0.3) and pi.coef["all"] == 0.0
+    # the trend and the last entropy are in the checkpoint state
+    other = er.EntropyPI(target=1.0, kp=0.5, ki=0.02, bounds=(0.0, 1.0), keys=["all"], horizon=4)
+    other.load_state_dict(pi.state_dict())
+    assert (other.trend, other.last) == (pi.trend, pi.last)
+
+
 def test_completion_entropy_bonus_and_advantage_shift():
     entropies = torch.tensor([[1.0, 3.0, 9.0], [2.0, 4.0, 6.0]])
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
@@ -137,7 +176,9 @@ def test_target_mode_raises_the_coefficient_by_the_pi_law(tmp_path, tiny_model_d
     e1, e2 = 8.0 - rows[0]["entropy"], 8.0 - rows[1]["entropy"]
     assert e1 > 1  # the random model's entropy (~6.2 nats) is below the 8-nat target
     assert rows[0]["entropy_reg/coef"] == pytest.approx(0.02 * e1 + 0.005 * e1)
-    assert rows[1]["entropy_reg/coef"] == pytest.approx(0.02 * e2 + 0.005 * (e1 + e2))
+    # step 2 also looks 12 steps (the default horizon) along the entropy's trend s = 0.5*(H2 - H1), if it falls
+    trend = min(0.5 * (rows[1]["entropy"] - rows[0]["entropy"]), 0.0)
+    assert rows[1]["entropy_reg/coef"] == pytest.approx(0.02 * (e2 - 12 * trend) + 0.005 * (e1 + e2))
     assert trainer.entropy_reg_state.controller.integral["all"] == pytest.approx(e1 + e2)
 
 

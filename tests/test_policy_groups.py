@@ -108,6 +108,83 @@ class Args:
     policy_group_weight_max = 10.0
 
 
+def test_learnability_formulas():
+    # z = |0.6 - 0.2| / sqrt(0.24 * (0.02 + 1/50)) = 0.4 / sqrt(0.0096) = 4.0825
+    z = pg.progress_z(*(torch.tensor([v], dtype=D) for v in (0.6, 0.2, 0.24, 0.02, 50.0)))
+    assert_close(z, torch.tensor([0.4 / math.sqrt(0.0096)], dtype=D))
+    # deficits 1, .5, 0, .5 (+0.05) -> 1.05, .55, .05, .55; group 1 looks like noise: x0.2 -> .11; mean .44
+    w = pg.learnability_weights(torch.tensor([0.0, 0.5, 1.0, 0.5], dtype=D), torch.tensor([False, True, False, False]),
+                                0.05, 5.0, torch.ones(4, dtype=torch.bool))  # fmt: skip
+    assert_close(w, torch.tensor([1.05, 0.11, 0.05, 0.55], dtype=D) / 0.44)
+    # all rewards equal: every deficit is 1, weights stay 1
+    w = pg.learnability_weights(torch.full((3,), 0.3, dtype=D), torch.zeros(3, dtype=torch.bool), 0.05, 5.0,
+                                torch.ones(3, dtype=torch.bool))  # fmt: skip
+    assert_close(w, torch.ones(3, dtype=D))
+    # 6 of 8 prompts with zero std -> f = (0.25*8 + 1) / 10 = 0.3 -> h = 0.3 / 0.35; unseen -> f = 1/2
+    h = pg.informative_share(torch.tensor([0.75, 0.0], dtype=D), torch.tensor([8.0, 0.0], dtype=D))
+    assert_close(h, torch.tensor([0.3 / 0.35, 0.5 / 0.55], dtype=D))
+
+
+class LearnabilityArgs(Args):
+    policy_group_sampling = "learnability"
+    policy_group_weight_rule = "learnability"
+    policy_group_progress_halflife = 8.0
+    policy_group_weight_min = 0.05
+    policy_group_weight_max = 5.0
+
+
+def test_progress_statistics_start_recent_and_their_weights():
+    # one group, one prompt, 4 completions a batch, half-life 8 completions
+    state = PolicyGroupState(["a"], torch.tensor([0]), seed=0)
+    lengths = torch.ones(4, dtype=torch.long)
+    state.observe(torch.tensor([0]), torch.tensor([0.0, 0.0, 0.0, 1.0]), lengths, 4, 0.5, 8.0)
+    # first batch sets both: start 0.25 over 4 completions, recent 0.25 with sum of squared weights 4 * (1/4)^2
+    assert_close(state.ema["progress_start"], torch.tensor([0.25], dtype=D))
+    assert_close(state.ema["progress_recent"], torch.tensor([0.25], dtype=D))
+    assert_close(state.progress_moments, torch.tensor([[0.25], [4.0]], dtype=D))
+    state.observe(torch.tensor([0]), torch.tensor([1.0, 1.0, 0.0, 1.0]), lengths, 4, 0.5, 8.0)
+    # start: running mean of 8 completions (0.25 + 0.75) / 2 = 0.5; recent: k = 1 - 2^(-4/8) = 0.29289
+    k = 1 - 0.5**0.5
+    assert_close(state.ema["progress_start"], torch.tensor([0.5], dtype=D))
+    assert_close(state.ema["progress_recent"], torch.tensor([0.25 + k * 0.5], dtype=D))
+    assert_close(state.ema["progress_second"], torch.tensor([0.25 + k * 0.5], dtype=D))  # 0/1 rewards: r^2 = r
+    assert_close(state.progress_moments, torch.tensor([[(1 - k) ** 2 * 0.25 + k**2 / 4], [8.0]], dtype=D))
+    state.observe(torch.tensor([0]), torch.ones(4), lengths, 4, 0.5, 8.0)
+    assert_close(state.ema["progress_start"], torch.tensor([0.5], dtype=D))  # frozen after 8 completions
+    assert state.progress_moments[1].item() == 8.0
+
+
+def test_learnability_tells_a_coin_flip_from_a_learnable_group():
+    """A coin-flip group (completions always disagree, no progress) is scaled down; a group that learns, one that
+    never succeeds and one not yet moving keep their deficit weight."""
+    state = PolicyGroupState(["coin", "learns", "hopeless", "late"], torch.arange(4), seed=0)
+    lengths = torch.ones(16, dtype=torch.long)
+    for step in range(12):
+        learns = [0.0, 0.0, 0.0, 0.0] if step < 3 else [1.0, 1.0, 1.0, 0.0]
+        rewards = torch.tensor([0.0, 1.0, 0.0, 1.0, *learns, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0 * (step % 4 == 0)])
+        state.observe(torch.arange(4), rewards, lengths, 4, 0.9, 8.0)
+        state.maybe_update_weights(step, LearnabilityArgs())
+    assert state.noise_like(LearnabilityArgs()).tolist() == [True, False, False, False]
+    z = state._progress_z()
+    assert z[0] < 1 and z[1] > pg.PROGRESS_Z and z[3] < pg.PROGRESS_Z, z
+    reward = state.ema["reward"]
+    expected = pg.learnability_weights(reward, torch.tensor([True, False, False, False]), 0.05, 5.0,
+                                       torch.ones(4, dtype=torch.bool))  # fmt: skip
+    assert_close(state.weights, expected)
+    # the coin (reward 0.5, deficit about 0.5) weighs less than the hopeless group's 1.05 / 0.2 times its own
+    assert state.weights[0] < 0.2 * state.weights[2]
+
+
+def test_learnability_sampling_is_size_times_weight_times_informative_share():
+    state = PolicyGroupState(["big", "small"], torch.tensor([0, 0, 0, 1]), seed=0)
+    # nothing seen: informative shares equal, so the draw is TRL's prompt-proportional one
+    assert_close(state.probabilities(LearnabilityArgs()), torch.tensor([0.75, 0.25], dtype=D))
+    # 8 prompts of "big", all solved: f = 1/10, h = 0.1 / 0.15; "small" unseen: h = 0.5 / 0.55
+    state.has_ema["zero_std_frac"][0], state.ema["zero_std_frac"][0], state.prompts_seen[0] = True, 1.0, 8.0
+    score = torch.tensor([0.75 * 0.1 / 0.15, 0.25 * 0.5 / 0.55], dtype=D)
+    assert_close(state.probabilities(LearnabilityArgs()), score / score.sum())
+
+
 def test_draws_follow_the_target_distribution():
     """Chi-square goodness of fit over 10,000 draws (3 degrees of freedom; 16.27 is the 0.1% critical value)."""
     assignment = torch.arange(400) % 4
@@ -222,7 +299,8 @@ def test_end_to_end_logs_every_group(tiny_model_dir, tmp_path, overrides):
     last = rows[-1]
     weights = [value for key, value in last.items() if key.startswith("policy_groups/") and key.endswith("/weight")]
     assert len(weights) == 5  # addition, multiplication, two-step, three-step, four-step
-    assert math.isclose(sum(weights) / 5, 1.0, rel_tol=1e-9) and all(0.2 <= w <= 5 for w in weights)
+    low, high = args.policy_group_weight_min, args.policy_group_weight_max  # the defaults: 0.05, 2.0
+    assert math.isclose(sum(weights) / 5, 1.0, rel_tol=1e-9) and all(low - 1e-12 <= w <= high + 1e-12 for w in weights)
     rewards = {k: v for k, v in last.items() if k.startswith("policy_groups/") and k.endswith("/reward")}
     assert len(rewards) >= 2 and all(0.0 <= v <= 1.0 for v in rewards.values())  # task_reward is 0 or 1
     assert all(0.0 <= v <= 1.0 for k, v in last.items() if k.endswith("/zero_std_frac"))
@@ -400,7 +478,7 @@ def test_config_docstring_and_help_describe_the_same_fields():
     ours = [
         f for f in dataclasses.fields(GRPOConfig) if f.name not in {g.name for g in dataclasses.fields(trl.GRPOConfig)}
     ]
-    assert len(ours) == 43
+    assert len(ours) == 45
     for f in ours:
         assert f"        {f.name} (`" in GRPOConfig.__doc__, f"{f.name} is missing from the docstring"
         assert f.metadata.get("help"), f"{f.name} has no help text"

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from trl.trainer.grpo_config import GRPOConfig as TRLGRPOConfig  # TRL's class, also after register()
 
 POLICY_GROUP_FEATURES = ("tfidf", "embedding")
-POLICY_GROUP_WEIGHT_RULES = ("progress", "deficit")
-POLICY_GROUP_SAMPLING = ("uniform", "weighted", "uncertainty")
+POLICY_GROUP_WEIGHT_RULES = ("learnability", "progress", "deficit")
+POLICY_GROUP_SAMPLING = ("learnability", "uncertainty", "weighted", "uniform")
 ADVANTAGE_BASELINES = ("prompt", "policy_group")
 ENTROPY_REG_MODES = ("target", "clip_cov", "kl_cov", "advantage")
 GRAD_REG_MODES = ("zclip", "agc", "skip_nonfinite")
@@ -68,22 +68,30 @@ class GRPOConfig(TRLGRPOConfig):
             Decay of the exponential moving averages of each group's statistics (0 keeps only the last batch).
         policy_group_update_steps (`int`, *optional*, defaults to `10`):
             Global steps between two weight updates (the window over which reward progress is measured).
-        policy_group_weight_rule (`str`, *optional*, defaults to `"progress"`):
-            `progress`: α_i ← α_i·(1 + η·ΔR_i), ΔR_i = group i's change in EMA reward over the window minus the
-            mean change over groups. `deficit`: α_i ← α_i·(1 + η·(R̄ − R_i)), favouring groups below the mean
-            reward R̄.
+        policy_group_weight_rule (`str`, *optional*, defaults to `"learnability"`):
+            `learnability`: α_i = (d_i + 0.05)·s_i, d_i group i's reward deficit over the range of group rewards (1
+            for the lowest, 0 for the highest), s_i = 0.2 for a group that looks like noise (no learning progress
+            since its start, z < 2, while more than half of its prompts still have completions that disagree: a coin
+            flip), else 1; updated every step (`policy_groups` module docstring). `progress`: the design's
+            α_i ← α_i·(1 + η·ΔR_i), ΔR_i = group i's change in EMA reward over the window minus the mean change over
+            groups. `deficit`: α_i ← α_i·(1 + η·(R̄ − R_i)), favouring groups below the mean reward R̄.
         policy_group_eta (`float`, *optional*, defaults to `0.1`):
-            Step size η of the weight update.
-        policy_group_weight_min (`float`, *optional*, defaults to `0.2`):
+            Step size η of the `progress` and `deficit` updates.
+        policy_group_progress_halflife (`float`, *optional*, defaults to `48.0`):
+            `learnability` rule: a group's start reward is its mean over its first this many completions, its recent
+            reward an EMA with this half-life in completions; a group is judged after twice this many.
+        policy_group_weight_min (`float`, *optional*, defaults to `0.05`):
             Lower bound of a group weight (weights have mean 1 over groups).
-        policy_group_weight_max (`float`, *optional*, defaults to `5.0`):
+        policy_group_weight_max (`float`, *optional*, defaults to `2.0`):
             Upper bound of a group weight.
         policy_group_loss_weighting (`bool`, *optional*, defaults to `True`):
             Multiply each completion's advantage by its group's weight, normalised to mean 1 over the batch so the
             loss scale is unchanged.
-        policy_group_sampling (`str`, *optional*, defaults to `"uniform"`):
-            Which prompts a generation batch holds: `uniform` (TRL's order), `weighted` (groups drawn in proportion
-            to weight), `uncertainty` (weight × uncertainty: p(1−p) of the group's success rate for binary rewards,
+        policy_group_sampling (`str`, *optional*, defaults to `"learnability"`):
+            Which prompts a generation batch holds: `learnability` (groups drawn in proportion to size × weight ×
+            informative share f/(f + 0.05), f the share of the group's prompts whose completions disagree, so solved
+            and hopeless groups fade out), `uniform` (TRL's order), `weighted` (groups drawn in proportion to
+            weight), `uncertainty` (weight × uncertainty: p(1−p) of the group's success rate for binary rewards,
             else its mean within-prompt reward std).
         policy_group_sampling_floor (`float`, *optional*, defaults to `0.05`):
             Every group with prompts is drawn with probability at least `floor / number of groups`.
@@ -119,6 +127,10 @@ class GRPOConfig(TRLGRPOConfig):
             Proportional gain of the `target` controller, in coefficient per nat of entropy error.
         entropy_pi_ki (`float`, *optional*, defaults to `0.02`):
             Integral gain of the `target` controller, in coefficient per nat per optimizer step.
+        entropy_pi_horizon (`float`, *optional*, defaults to `12.0`):
+            Optimizer steps τ the `target` controller looks ahead while the entropy falls: its proportional term acts
+            on H + τ·s, s the filtered per-step change of the entropy when negative (`entropy.EntropyPI`). 0 is the
+            plain PI controller.
         clip_cov_ratio (`float`, *optional*, defaults to `0.0002`):
             Clip-Cov: fraction of completion tokens whose gradient is detached (reference implementation's value).
         clip_cov_lb (`float`, *optional*, defaults to `1.0`):
@@ -226,25 +238,31 @@ class GRPOConfig(TRLGRPOConfig):
         default=10, metadata={"help": "Global steps between two weight updates (the progress window)."}
     )
     policy_group_weight_rule: str = field(
-        default="progress",
+        default="learnability",
         metadata={
-            "help": "progress: a_i <- a_i (1 + eta dR_i), dR_i = the group's EMA reward change over the window minus "
-            "the mean change; deficit: a_i <- a_i (1 + eta (mean R - R_i)).",
+            "help": "learnability: (reward deficit + 0.05) x 0.2 for groups that look like noise; progress: a_i <- "
+            "a_i (1 + eta dR_i), dR_i = the group's EMA reward change over the window minus the mean change; "
+            "deficit: a_i <- a_i (1 + eta (mean R - R_i)).",
             "choices": list(POLICY_GROUP_WEIGHT_RULES),
         },
     )
     policy_group_eta: float = field(default=0.1, metadata={"help": "Step size eta of the weight update."})
-    policy_group_weight_min: float = field(default=0.2, metadata={"help": "Lower bound of a group weight."})
-    policy_group_weight_max: float = field(default=5.0, metadata={"help": "Upper bound of a group weight."})
+    policy_group_progress_halflife: float = field(
+        default=48.0,
+        metadata={"help": "learnability rule: completions in a group's start reward, half-life in completions of its "
+                  "recent reward EMA."},
+    )  # fmt: skip
+    policy_group_weight_min: float = field(default=0.05, metadata={"help": "Lower bound of a group weight."})
+    policy_group_weight_max: float = field(default=2.0, metadata={"help": "Upper bound of a group weight."})
     policy_group_loss_weighting: bool = field(
         default=True,
         metadata={"help": "Multiply each advantage by its group's weight, normalised to mean 1 over the batch."},
     )
     policy_group_sampling: str = field(
-        default="uniform",
+        default="learnability",
         metadata={
-            "help": "uniform (TRL's order), weighted (groups in proportion to weight) or uncertainty (weight x "
-            "uncertainty).",
+            "help": "learnability (size x weight x informative share), uniform (TRL's order), weighted (groups in "
+            "proportion to weight) or uncertainty (weight x uncertainty).",
             "choices": list(POLICY_GROUP_SAMPLING),
         },
     )
@@ -284,6 +302,10 @@ class GRPOConfig(TRLGRPOConfig):
     )
     entropy_pi_ki: float = field(
         default=0.02, metadata={"help": "Integral gain of the target controller (coefficient per nat per step)."}
+    )
+    entropy_pi_horizon: float = field(
+        default=12.0,
+        metadata={"help": "Steps ahead the target controller looks when the entropy falls (0: plain PI control)."},
     )
     clip_cov_ratio: float = field(
         default=0.0002, metadata={"help": "Clip-Cov: fraction of completion tokens whose gradient is detached."}
@@ -394,6 +416,10 @@ class GRPOConfig(TRLGRPOConfig):
             raise ValueError(f"policy_group_ema must be in [0, 1), got {self.policy_group_ema}")
         if not 0.0 < self.policy_group_eta <= 10.0:
             raise ValueError(f"policy_group_eta must be in (0, 10], got {self.policy_group_eta}")
+        if not (math.isfinite(self.policy_group_progress_halflife) and self.policy_group_progress_halflife > 0):
+            raise ValueError(
+                f"policy_group_progress_halflife must be > 0 completions, got {self.policy_group_progress_halflife}"
+            )
         if not 0.0 <= self.policy_group_sampling_floor <= 1.0:
             raise ValueError(f"policy_group_sampling_floor must be in [0, 1], got {self.policy_group_sampling_floor}")
         if not 0.0 < self.policy_group_weight_min <= 1.0 <= self.policy_group_weight_max:
@@ -435,6 +461,8 @@ class GRPOConfig(TRLGRPOConfig):
         if "target" in modes:
             _check_finite(entropy_target=self.entropy_target, entropy_pi_kp=self.entropy_pi_kp,
                           entropy_pi_ki=self.entropy_pi_ki)  # fmt: skip
+            if not (math.isfinite(self.entropy_pi_horizon) and self.entropy_pi_horizon >= 0):
+                raise ValueError(f"entropy_pi_horizon must be >= 0 optimizer steps, got {self.entropy_pi_horizon}")
             if self.entropy_target <= 0:
                 raise ValueError(f"entropy_reg 'target' needs entropy_target > 0 nats, got {self.entropy_target}")
             if self.entropy_pi_kp < 0 or self.entropy_pi_ki < 0 or self.entropy_pi_kp + self.entropy_pi_ki == 0:

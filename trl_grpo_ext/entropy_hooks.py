@@ -57,7 +57,9 @@ class EntropyRegHooks:
                 raise ValueError("entropy_target_per_group=True needs policy groups (policy_group_column, ...)")
             keys = list(self.policy_groups.names) if args.entropy_target_per_group else ["all"]
             bounds = (args.entropy_coef_min, args.entropy_coef_max)
-            controller = er.EntropyPI(args.entropy_target, args.entropy_pi_kp, args.entropy_pi_ki, bounds, keys)
+            controller = er.EntropyPI(
+                args.entropy_target, args.entropy_pi_kp, args.entropy_pi_ki, bounds, keys, args.entropy_pi_horizon
+            )
         self.entropy_reg_state = EntropyRegState(controller)
         if "kl_cov" in args.entropy_reg and args.num_iterations == 1:
             if args.steps_per_generation <= args.gradient_accumulation_steps:

@@ -42,7 +42,7 @@ def check_policy_group_setup(args, grouping: bool) -> None:
     if grouping:
         return
     changed = {
-        "policy_group_sampling": args.policy_group_sampling != "uniform",
+        "policy_group_sampling": args.policy_group_sampling != "learnability",
         "advantage_baseline": args.advantage_baseline != "prompt",
         "policy_group_refine_step": args.policy_group_refine_step is not None,
         "policy_group_regroup_steps": args.policy_group_regroup_steps is not None,
@@ -166,7 +166,8 @@ class PolicyGroupHooks:
         rewards_per_func, rows = (t.cpu() for t in self._policy_group_batch)  # (N, F), (N,)
         rewards = self._total_rewards(rewards_per_func)  # (N,)
         lengths = self.accelerator.gather(output["completion_mask"].sum(dim=1)).cpu()  # (N,) tokens
-        state.observe(rows[:: self.num_generations], rewards, lengths, self.num_generations, args.policy_group_ema)
+        state.observe(rows[:: self.num_generations], rewards, lengths, self.num_generations, args.policy_group_ema,
+                      args.policy_group_progress_halflife)  # fmt: skip
         step = self.state.global_step
         state.maybe_update_weights(step, args)
         self._maybe_regroup(step)

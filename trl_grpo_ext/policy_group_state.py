@@ -10,6 +10,10 @@ from . import policy_groups as pg
 # prompts whose completions all got the same reward, success rate (= mean reward when rewards are binary), mean
 # completion length in tokens, mean token entropy in nats.
 STATS = ("reward", "reward_std", "zero_std_frac", "success", "length", "entropy")
+# The `learnability` rule's statistics: the mean reward over a group's first `policy_group_progress_halflife`
+# completions (its start, then frozen), a completion-count EMA of the reward with that half-life (recent) and of its
+# square. Kept with the statistics above, so regrouping carries them along.
+PROGRESS = ("progress_start", "progress_recent", "progress_second")
 
 
 class PolicyGroupState:
@@ -39,9 +43,11 @@ class PolicyGroupState:
     def _set_groups(self, names: list[str], assignment: torch.Tensor) -> None:
         self.names, self.assignment = list(names), assignment
         k = len(names)
-        self.ema = {name: torch.zeros(k, dtype=torch.float64) for name in STATS}
-        self.has_ema = {name: torch.zeros(k, dtype=torch.bool) for name in STATS}
+        self.ema = {name: torch.zeros(k, dtype=torch.float64) for name in STATS + PROGRESS}
+        self.has_ema = {name: torch.zeros(k, dtype=torch.bool) for name in STATS + PROGRESS}
         self.prompts_seen = torch.zeros(k, dtype=torch.float64)
+        # Σw² of the recent EMA's completion weights, and the number of completions in the start mean
+        self.progress_moments = torch.zeros(2, k, dtype=torch.float64)
         self.window_reward = torch.full((k,), float("nan"), dtype=torch.float64)
         self.queues = [torch.empty(0, dtype=torch.long) for _ in range(k)]
         self.observed = torch.zeros(k, dtype=torch.bool)  # seen in a batch since it was made
@@ -61,9 +67,10 @@ class PolicyGroupState:
     # ----- statistics -----------------------------------------------------------------------------------------
 
     def observe(self, rows: torch.Tensor, rewards: torch.Tensor, lengths: torch.Tensor, num_generations: int,
-                decay: float) -> None:  # fmt: skip
+                decay: float, progress_halflife: float = 48.0) -> None:  # fmt: skip
         """Fold one gathered generation batch in: `rows` (P,) dataset rows, `rewards` and `lengths` (N,) per
-        completion, prompt by prompt. NaN rewards are left out and counted in `nan_rewards`."""
+        completion, prompt by prompt. NaN rewards are left out and counted in `nan_rewards`. `decay` is the per-batch
+        EMA decay of the statistics, `progress_halflife` the slow progress EMA's half-life in completions."""
         rewards = rewards.double()
         self.nan_rewards += int(torch.isnan(rewards).sum())
         valid = rewards[~torch.isnan(rewards)]
@@ -82,6 +89,19 @@ class PolicyGroupState:
         batch["success"] = batch["reward"]
         for name, (means, counts) in batch.items():
             self._fold(name, means, counts > 0, decay)
+        completion_ids = ids.repeat_interleave(num_generations)
+        means, counts = pg.group_means(rewards, completion_ids, k)
+        squares, _ = pg.group_means(rewards**2, completion_ids, k)
+        k_recent = pg.ema_share(counts, self.has_ema["progress_recent"], progress_halflife)
+        start_count = self.progress_moments[1]
+        k_start = torch.where(start_count < progress_halflife, counts / (start_count + counts).clamp(min=1), 0.0)
+        for name, values, share in (("progress_start", means, k_start), ("progress_recent", means, k_recent),
+                                    ("progress_second", squares, k_recent)):  # fmt: skip
+            self.ema[name] = self.ema[name] + share * (values - self.ema[name])
+            self.has_ema[name] = self.has_ema[name] | (counts > 0)
+        recent_moment = torch.where(counts > 0, (1 - k_recent) ** 2 * self.progress_moments[0]
+                                    + k_recent**2 / counts.clamp(min=1), self.progress_moments[0])  # fmt: skip
+        self.progress_moments = torch.stack([recent_moment, start_count + torch.where(k_start > 0, counts, 0.0)])
         self.prompts_seen += torch.bincount(ids, minlength=k).double()
         self.observed |= torch.bincount(ids, minlength=k) > 0
         self.num_generations = num_generations
@@ -102,14 +122,18 @@ class PolicyGroupState:
     # ----- weights and sampling -------------------------------------------------------------------------------
 
     def maybe_update_weights(self, step: int, args) -> bool:
-        """Apply the weight rule once `policy_group_update_steps` steps have passed since the last update."""
-        if step - self.last_update_step < args.policy_group_update_steps:
+        """Apply the weight rule once `policy_group_update_steps` steps have passed since the last update (every step
+        for the `learnability` rule, whose statistics are running EMAs)."""
+        learnability = args.policy_group_weight_rule == "learnability"
+        if not learnability and step - self.last_update_step < args.policy_group_update_steps:
             return False
         reward, seen = self.ema["reward"], self.has_ema["reward"]
         active = self.available & seen
         if active.sum() >= 2:
             bounds = (args.policy_group_weight_min, args.policy_group_weight_max)
-            if args.policy_group_weight_rule == "progress":
+            if learnability:
+                self.weights = pg.learnability_weights(reward, self.noise_like(args), *bounds, active)
+            elif args.policy_group_weight_rule == "progress":
                 change = torch.nan_to_num(reward - self.window_reward, nan=0.0)  # no window yet: no change
                 self.weights = pg.progress_weights(self.weights, change, args.policy_group_eta, *bounds, active)
             else:
@@ -120,9 +144,40 @@ class PolicyGroupState:
         self.last_update_step = step
         return True
 
+    def _progress_z(self) -> torch.Tensor:
+        """(K,) z-score of each group's learning progress since its start (`policy_groups.progress_z`). The reward
+        variance is the recent EMAs' second moment minus the squared mean, at least Laplace's p(1−p) over the
+        completions seen for 0/1 rewards (a group seen always right or always wrong is not certain), else at least
+        1e-4."""
+        completions = self.prompts_seen * self.num_generations
+        recent = self.ema["progress_recent"]
+        if self.binary:
+            p = (recent * completions + 1) / (completions + 2)
+            floor = p * (1 - p)
+        else:
+            floor = torch.full_like(completions, 1e-4)
+        variance = torch.maximum(self.ema["progress_second"] - recent**2, floor)
+        return pg.progress_z(recent, self.ema["progress_start"], variance, *self.progress_moments)
+
+    def noise_like(self, args) -> torch.Tensor:
+        """(K,) bool: groups that look like noise to the `learnability` rule. Warm, no learning progress since their
+        start (z < `policy_groups.PROGRESS_Z`), and more than `policy_groups.NOISE_INFORMATIVE` of their prompts
+        with completions that disagree (EMA of 1 − zero_std_frac)."""
+        informative = 1 - torch.where(self.has_ema["zero_std_frac"], self.ema["zero_std_frac"], 0.0)
+        return self._warm(args) & (self._progress_z() < pg.PROGRESS_Z) & (informative > pg.NOISE_INFORMATIVE)
+
+    def _warm(self, args) -> torch.Tensor:
+        """(K,) groups with enough completions (two half-lives) for their recent reward to be told from their start."""
+        return self.prompts_seen * self.num_generations >= 2 * args.policy_group_progress_halflife
+
     def probabilities(self, args) -> torch.Tensor:
         """(K,) probability of drawing each group for the next generation batch (`policy_group_sampling`)."""
-        if args.policy_group_sampling == "uncertainty":
+        if args.policy_group_sampling == "learnability":
+            # group size × weight × informative share: TRL's prompt-proportional draw, reweighted
+            sizes = torch.bincount(self.assignment, minlength=self.num_groups).double()
+            zero_std = torch.where(self.has_ema["zero_std_frac"], self.ema["zero_std_frac"], torch.zeros_like(sizes))
+            uncertainty = sizes / sizes.sum() * pg.informative_share(zero_std, self.prompts_seen)
+        elif args.policy_group_sampling == "uncertainty":
             uncertainty = pg.group_uncertainty(
                 self.ema["success"], self.ema["reward_std"], self.binary, self.prompts_seen * self.num_generations
             )
@@ -157,6 +212,7 @@ class PolicyGroupState:
         assignment = torch.as_tensor(assignment, dtype=torch.long)
         old_ids, old_ema, old_has = self.assignment, self.ema, self.has_ema
         old_seen, old_weights, old_window = self.prompts_seen, self.weights, self.window_reward
+        old_moments = self.progress_moments
         old_sizes = torch.bincount(old_ids, minlength=len(old_seen)).double()
         old_observed = dict(zip(self.names, self.observed.tolist(), strict=True))
         self._set_groups(names, assignment)
@@ -166,12 +222,13 @@ class PolicyGroupState:
             parents, taken = torch.unique(old_ids[members], return_counts=True)
             share = old_seen[parents] + 1e-9
             share = share / share.sum()
-            for stat in STATS:
+            for stat in STATS + PROGRESS:
                 has = old_has[stat][parents]
                 if has.any():
                     self.ema[stat][new] = (old_ema[stat][parents][has] * share[has]).sum() / share[has].sum()
                     self.has_ema[stat][new] = True
             self.prompts_seen[new] = (old_seen[parents] * taken / old_sizes[parents]).sum()
+            self.progress_moments[:, new] = (old_moments[:, parents] * share).sum(1)
             weights[new] = (old_weights[parents] * share).sum()
             window = old_window[parents]
             if not torch.isnan(window).all():
@@ -193,13 +250,17 @@ class PolicyGroupState:
         vars(self).update(state)
 
     def metrics(self) -> dict[str, float]:
-        """`policy_groups/<name>/{weight,reward,reward_std,zero_std_frac,entropy,count}`; count = prompts seen."""
+        """`policy_groups/<name>/{weight,reward,reward_std,zero_std_frac,entropy,count,progress_z}`; count = prompts
+        seen, progress_z = the learning progress z-score since the group's start (`_progress_z`)."""
         out = {}
+        progress_z = self._progress_z()
         for i, name in enumerate(self.names):
             out[f"policy_groups/{name}/weight"] = float(self.weights[i])
             for stat in ("reward", "reward_std", "zero_std_frac", "entropy"):
                 if self.has_ema[stat][i]:
                     out[f"policy_groups/{name}/{stat}"] = float(self.ema[stat][i])
             out[f"policy_groups/{name}/count"] = float(self.prompts_seen[i])
+            if self.has_ema["progress_recent"][i]:
+                out[f"policy_groups/{name}/progress_z"] = float(progress_z[i])
         out["policy_groups/nan_rewards"] = float(self.nan_rewards)
         return out

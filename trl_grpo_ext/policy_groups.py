@@ -9,6 +9,17 @@ Formulas:
       the same, R the EMA reward of a group, w the update window; then clip to [w_min, w_max] and renormalise to
       mean 1 over groups (`normalize_weights`).
     - `deficit` rule: α_i ← α_i·(1 + η·(R̄ − R_i)), R̄ the mean EMA reward over groups.
+    - `learnability` rule (the default): α_i = (d_i + 0.05)·s_i, renormalised as above. d_i = 1 − (R_i − R_min) /
+      (R_max − R_min), the group's reward deficit over the range of group rewards (1 for the lowest, 0 for the highest;
+      1 for every group while they are all equal). s_i = 0.2 for a group that looks like noise: warm (two progress
+      half-lives of completions seen), its learning progress z-score since its start below 2 (`progress_z`: absolute
+      learning progress, Portelas et al. 2020, arXiv:1910.07224), yet more than half of its prompts still give GRPO a
+      signal (completions that disagree), which is what a coin-flip reward does and a learnable group at 0% or
+      100% does not; else s_i = 1. A group at 0% success that starts to move keeps its full deficit weight.
+    - `learnability` sampling (the default): group i is drawn in proportion to n_i·α_i·h_i, n_i its number of
+      prompts (TRL's uniform draw) and h_i = f_i / (f_i + 0.05) its informative share (`informative_share`), f_i
+      the Laplace-smoothed share of its prompts whose completions did not all get the same reward (DAPO,
+      arXiv:2503.14476, §3.2 dynamic sampling), mixed with the floor (`sampling_probabilities`).
     - uncertainty of a group: p(1−p) for binary rewards with success rate p (the variance of a Bernoulli reward, which
       is what GRPO's advantage needs to be non-zero, DAPO arXiv:2503.14476 §3.2 "dynamic sampling"), p smoothed by
       Laplace's rule of succession over the completions seen; else the mean within-prompt reward std.
@@ -80,6 +91,41 @@ def deficit_weights(weights, reward, eta: float, w_min: float, w_max: float, act
     return normalize_weights(weights * (1 + eta * (reward[active].mean() - reward)), w_min, w_max, active)
 
 
+def ema_share(counts: torch.Tensor, has_value: torch.Tensor, halflife: float) -> torch.Tensor:
+    """The share k (K,) a batch takes in an EMA over completions: a batch holding m completions of group i moves
+    its EMA by k = 1 − 2^(−m/halflife); a group's first batch sets it (k = 1); a group not in the batch keeps it
+    (k = 0)."""
+    share = torch.where(has_value, 1 - torch.pow(0.5, counts / halflife), torch.ones_like(counts))
+    return torch.where(counts > 0, share, torch.zeros_like(counts))
+
+
+def progress_z(recent, start, variance, recent_moment, start_count) -> torch.Tensor:
+    """Learning progress as a z-score, (K,): |recent − start| over the standard deviation that difference would have
+    if the group's reward had not changed, √(v·(Σw² + 1/n)) for i.i.d. rewards of variance v (K,), Σw² (K,) of the
+    recent EMA's completion weights and n (K,) completions in the start mean (the overlap of the two, early on, is
+    left out, which only lowers z). Absolute learning progress, Portelas et al. 2020, arXiv:1910.07224, §4, measured
+    since the group's start and in units of its own noise: a noise group's z stays of order 1, a learnt one's grows."""
+    spread = recent_moment + 1 / start_count.clamp(min=1)
+    return (recent - start).abs() / (variance * spread).sqrt()
+
+
+# The `learnability` rule's constants, chosen on the task family of benchmarks/policy_groups_learning.py (issue #11).
+PROGRESS_Z = 2.0  # a learning-progress z-score below this is "no progress"
+NOISE_SCALE = 0.2  # s_i of a group that looks like noise
+NOISE_INFORMATIVE = 0.5  # ... and has more than this share of prompts whose completions disagree
+DEFICIT_FLOOR = 0.05  # added to the deficit, so the best group keeps a weight
+
+
+def learnability_weights(reward, noise_like, w_min: float, w_max: float, active) -> torch.Tensor:
+    """The `learnability` rule, α_i = (d_i + 0.05)·s_i (see the module docstring), clipped to [w_min, w_max] and
+    renormalised to mean 1 over the `active` groups. `reward` (K,) EMA rewards, `noise_like` (K,) bool. Memoryless:
+    the weights follow the current rewards, not the previous weights. Returns (K,)."""
+    low, high = reward[active].min(), reward[active].max()
+    deficit = 1 - (reward - low) / (high - low) if high - low > 1e-9 else torch.ones_like(reward)
+    alpha = (deficit + DEFICIT_FLOOR) * torch.where(noise_like, NOISE_SCALE, 1.0)
+    return normalize_weights(alpha, w_min, w_max, active)
+
+
 def group_uncertainty(success_rate, reward_std, binary: bool, completions_seen=None) -> torch.Tensor:
     """p(1−p) of the success rate for binary rewards, else the mean within-prompt reward std. Shape (K,).
 
@@ -92,6 +138,15 @@ def group_uncertainty(success_rate, reward_std, binary: bool, completions_seen=N
     if completions_seen is not None:
         success_rate = (success_rate * completions_seen + 1) / (completions_seen + 2)
     return success_rate * (1 - success_rate)
+
+
+def informative_share(zero_std_frac: torch.Tensor, prompts_seen: torch.Tensor, half: float = 0.05) -> torch.Tensor:
+    """h = f / (f + `half`), f the share of a group's prompts whose completions did not all get the same reward
+    (Laplace-smoothed over the prompts seen, so an unseen group has f = 1/2): near 1 for any group that gives GRPO a
+    signal, near 0 for one whose prompts are all solved or all failed (their advantages are zero; DAPO,
+    arXiv:2503.14476, §3.2 dynamic sampling). Shape (K,)."""
+    f = ((1 - zero_std_frac) * prompts_seen + 1) / (prompts_seen + 2)
+    return f / (f + half)
 
 
 def sampling_probabilities(weights, uncertainty, floor: float, available) -> torch.Tensor:
