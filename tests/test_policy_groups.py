@@ -569,6 +569,14 @@ def test_grouping_settings_without_groups_are_an_error(tiny_model_dir, tmp_path,
         GRPOTrainer(model=tiny_model_dir, reward_funcs=[task_reward], args=args, train_dataset=_grouped_dataset())
 
 
+def test_uniform_sampling_without_groups_is_trls_order(tiny_model_dir, tmp_path):
+    """`uniform` (TRL's order, the default before issue #11) does nothing without groups, so a saved config that
+    spells it out still loads."""
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path), policy_group_sampling="uniform")
+    trainer = GRPOTrainer(tiny_model_dir, reward_funcs=[task_reward], args=args, train_dataset=_grouped_dataset())
+    assert trainer.policy_groups is None
+
+
 def test_callable_groups_need_the_unused_columns(tiny_model_dir, tmp_path):
     args = GRPOConfig(**small_grpo_kwargs(tmp_path), remove_unused_columns=True)
     with pytest.raises(ValueError, match="remove_unused_columns=False"):

@@ -67,7 +67,8 @@ class GRPOConfig(TRLGRPOConfig):
         policy_group_ema (`float`, *optional*, defaults to `0.9`):
             Decay of the exponential moving averages of each group's statistics (0 keeps only the last batch).
         policy_group_update_steps (`int`, *optional*, defaults to `10`):
-            Global steps between two weight updates (the window over which reward progress is measured).
+            Global steps between two weight updates of the `progress` and `deficit` rules (the window over which
+            reward progress is measured); the `learnability` rule updates every step.
         policy_group_weight_rule (`str`, *optional*, defaults to `"learnability"`):
             `learnability`: α_i = (d_i + 0.05)·s_i, d_i group i's reward deficit over the range of group rewards (1
             for the lowest, 0 for the highest), s_i = 0.2 for a group that looks like noise (no learning progress

@@ -110,12 +110,13 @@ class EntropyPI:
                                              so a spell above the target leaves no negative integral to unwind
         c = clip(k_p·(target − Ĥ) + k_i·I, c_min, c_max)
     The PI law and clamping anti-windup are the textbook ones (Åström & Murray, *Feedback Systems*, 2nd ed., ch. 11,
-    PID control and integrator windup); acting on the predicted error Ĥ is its filtered derivative term, k_p·τ·ds/dt
-    (ch. 11, "filtering the derivative"), applied to falls only: a bonus starts before the entropy crosses the target
-    when it falls fast, while a slowly drifting or rising entropy above the target gets none. `horizon=0` is the plain
-    PI controller. The bonus −c·H enters the loss (TRL's objective L = L_policy − c·H), so a larger c raises entropy.
-    A key with no measurement in a step keeps its state. When policy groups change, `regroup` gives each new group
-    the state of the groups its prompts came from.
+    PID control and integrator windup); acting on the predicted error Ĥ adds a filtered derivative term, k_p·τ·s
+    with s the filtered per-step change (ch. 11, "filtering the derivative"), applied to falls only: a bonus starts
+    before the entropy crosses the target when it falls fast, while a rising entropy above the target gets none and a
+    slow drift little (step-to-step measurement noise in s can still give a small bonus above the target).
+    `horizon=0` is the plain PI controller. The bonus −c·H enters the loss (TRL's objective L = L_policy − c·H), so
+    a larger c raises entropy. A key with no measurement in a step keeps its state. When policy groups change,
+    `regroup` gives each new group the state of the groups its prompts came from.
     """
 
     SMOOTHING = 0.5  # β of the trend filter

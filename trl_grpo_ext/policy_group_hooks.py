@@ -42,7 +42,8 @@ def check_policy_group_setup(args, grouping: bool) -> None:
     if grouping:
         return
     changed = {
-        "policy_group_sampling": args.policy_group_sampling != "learnability",
+        # `uniform` is TRL's order: harmless without groups, and the default before issue #11 (saved configs hold it)
+        "policy_group_sampling": args.policy_group_sampling not in ("learnability", "uniform"),
         "advantage_baseline": args.advantage_baseline != "prompt",
         "policy_group_refine_step": args.policy_group_refine_step is not None,
         "policy_group_regroup_steps": args.policy_group_regroup_steps is not None,
