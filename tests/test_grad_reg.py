@@ -368,13 +368,13 @@ def test_lora_trains_with_zclip_agc_and_adaptive_kl(tiny_model_dir, tmp_path):
 
 class _StockTrainer:
     """What GradRegHooks calls through `super()` under DeepSpeed: DeepSpeed has taken the step; `_clip_grad_norm`
-    reports the norm it saw."""
+    (forwarded to `hook_clip_grad_norm` by `trl_contact.TRLContact`) reports the norm it saw."""
 
     def __init__(self, norms):
         self.norms = list(norms)
         self.steps = 0
 
-    def _clip_grad_norm(self, model):
+    def hook_clip_grad_norm(self, model):
         return self.norms.pop(0)
 
     def training_step(self, model, *args, **kwargs):
@@ -401,7 +401,7 @@ def test_deepspeed_path_sets_the_clip_before_each_step():
     for _ in range(4):
         trainer.training_step(None)
         applied.append(trainer.deepspeed.optimizer.clip_grad)
-        trainer._clip_grad_norm(None)
+        trainer.hook_clip_grad_norm(None)
     # warm-up (2 norms): max_grad_norm 1.0; then mean 0.2, std 0.1: 0.2 + 2 * 0.1 = 0.4; the norm 0.9 has z = 7 > 2,
     # clip value 0.2 + 4 * 0.01 / 0.7 = 0.257143 -> mean 0.97*0.2 + 0.03*0.257143 = 0.201714, so the next bound is
     # 0.201714 + 2 * sqrt(0.97*0.01 + 0.03*(0.257143 - 0.201714)^2) = 0.201714 + 2 * sqrt(0.009792) = 0.399625

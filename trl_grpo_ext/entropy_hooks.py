@@ -2,11 +2,12 @@
 calls `super()`). The formulas are in `entropy`; the settings are `GRPOConfig.entropy_reg` and the fields after it.
 
 TRL's `_compute_loss` computes the per-token log-probabilities and entropies with `_get_per_token_logps_and_entropies`
-before it reads the advantages. Our `_compute_loss` hands TRL a shallow copy of the batch (TRL buffers the original
-and reuses it for `num_iterations` passes), and our `_get_per_token_logps_and_entropies` acts on that copy while TRL's
-loss is being computed: it shifts the advantages (`advantage`), or detaches the log-probabilities of Clip-Cov's
-tokens (`clip_cov`). Terms added to TRL's loss (the `target` bonus, KL-Cov's penalty) are token means scaled for
-gradient accumulation only, as TRL's own entropy bonus is.
+before it reads the advantages; `trl_contact` forwards both to the hooks here. Our `hook_compute_loss` hands TRL a
+shallow copy of the batch (TRL buffers the original and reuses it for `num_iterations` passes), and our
+`hook_get_per_token_logps_and_entropies` acts on that copy while TRL's loss is being computed: it shifts the
+advantages (`advantage`), or detaches the log-probabilities of Clip-Cov's tokens (`clip_cov`). Terms added to TRL's
+loss (the `target` bonus, KL-Cov's penalty) are token means scaled for gradient accumulation only, as TRL's own
+entropy bonus is.
 """
 
 import logging
@@ -14,6 +15,7 @@ import logging
 import torch
 
 from . import entropy as er
+from .trl_contact import metrics, micro_step
 
 logger = logging.getLogger(__name__)
 
@@ -84,19 +86,19 @@ class EntropyRegHooks:
             parents[name] = {old_names[i]: float(c) for i, c in zip(ids.tolist(), counts.tolist(), strict=True)}
         controller.regroup(parents)
 
-    def _compute_loss(self, model, inputs):
+    def hook_compute_loss(self, model, inputs):
         if self.entropy_reg_state is None:
-            return super()._compute_loss(model, inputs)
+            return super().hook_compute_loss(model, inputs)
         self._entropy_batch = dict(inputs)
         try:
-            loss = super()._compute_loss(model, self._entropy_batch)
+            loss = super().hook_compute_loss(model, self._entropy_batch)
         finally:
             batch, capture = self._entropy_batch, self._entropy_capture
             self._entropy_batch = self._entropy_capture = None
         return loss + self._entropy_loss_terms(batch, capture)
 
-    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+    def hook_get_per_token_logps_and_entropies(self, **kwargs):
+        result = super().hook_get_per_token_logps_and_entropies(**kwargs)
         batch = self._entropy_batch
         if batch is None or not kwargs.get("compute_entropy"):
             return result
@@ -106,7 +108,7 @@ class EntropyRegHooks:
         if "advantage" in modes:
             shifted = er.entropy_advantages(batch["advantages"], entropies, mask, self.args.entropy_advantage_coef)
             shift = self.accelerator.gather((shifted - batch["advantages"]).float().reshape(len(shifted), -1)[:, 0])
-            self._metrics["train" if self.model.training else "eval"]["entropy_reg/advantage_shift"].append(
+            metrics(self, "train" if self.model.training else "eval")["entropy_reg/advantage_shift"].append(
                 shift.mean().item()
             )
             batch["advantages"] = shifted
@@ -145,7 +147,7 @@ class EntropyRegHooks:
     def _clip_cov_generator(self) -> torch.Generator:
         """Clip-Cov's random draw: seeded by the run's seed, the process and the micro-step (checkpointed), so a
         resumed run draws the same tokens and no other random stream moves."""
-        seed = (self.args.seed * 1_000_003 + self.accelerator.process_index * 10_007 + self._step) % 2**63
+        seed = (self.args.seed * 1_000_003 + self.accelerator.process_index * 10_007 + micro_step(self)) % 2**63
         return torch.Generator().manual_seed(seed)
 
     def _entropy_loss_terms(self, batch, capture) -> torch.Tensor:
@@ -165,7 +167,7 @@ class EntropyRegHooks:
         if chosen is not None:
             counts = self.accelerator.reduce(torch.stack([chosen.sum(), mask.sum()]).float(), reduction="sum")
             name = "clipped_frac" if "clip_cov" in modes else "penalized_frac"
-            self._metrics[mode][f"entropy_reg/{name}"].append((counts[0] / counts[1].clamp(min=1.0)).item())
+            metrics(self, mode)[f"entropy_reg/{name}"].append((counts[0] / counts[1].clamp(min=1.0)).item())
         controller = self.entropy_reg_state.controller
         if controller is not None:
             keys, ids = self._entropy_keys(batch, len(entropies))
@@ -204,11 +206,11 @@ class EntropyRegHooks:
         measured = {key: s / n for key, (s, n) in zip(keys, totals, strict=True) if n > 0}
         controller = self.entropy_reg_state.controller
         controller.update(measured)
-        metrics = self._metrics["train"]
+        train_metrics = metrics(self, "train")
         if self.args.entropy_target_per_group:
             for key in keys:
-                metrics[f"entropy_reg/{key}/coef"].append(controller.coefficient(key))
+                train_metrics[f"entropy_reg/{key}/coef"].append(controller.coefficient(key))
                 if key in measured:
-                    metrics[f"entropy_reg/{key}/entropy"].append(measured[key])
+                    train_metrics[f"entropy_reg/{key}/entropy"].append(measured[key])
         coefs = [controller.coefficient(key) for key in keys if key in measured] or [0.0]
-        metrics["entropy_reg/coef"].append(sum(coefs) / len(coefs))
+        train_metrics["entropy_reg/coef"].append(sum(coefs) / len(coefs))

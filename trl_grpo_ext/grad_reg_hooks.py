@@ -20,6 +20,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .grad_reg import AdaptiveKL, GradRegState, ZClip, adaptive_clip_, agc_applies, per_token_kl
 from .resume import checkpoint_problem
+from .trl_contact import grad_norm, metrics, output_dir, save_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -72,10 +73,10 @@ class GradRegHooks:
         kl = AdaptiveKL(args.beta, args.kl_target, args.kl_horizon) if args.kl_target is not None else None
         self.grad_reg_state = GradRegState(zclip, kl)
 
-    def _clip_grad_norm(self, model):
+    def hook_clip_grad_norm(self, model):
         state = self.grad_reg_state
         if state is None or not self.args.grad_reg:
-            return super()._clip_grad_norm(model)
+            return super().hook_clip_grad_norm(model)
         if self.accelerator.distributed_type == DistributedType.DEEPSPEED:
             return self._deepspeed_grad_reg(model)
         args = self.args
@@ -87,7 +88,7 @@ class GradRegHooks:
             # gradients are whole and synchronized here (AGC is refused under DeepSpeed and FSDP)
             norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
         else:
-            norm = self._get_grad_norm(model)  # () the total norm over all processes, not clipped (unscaled first)
+            norm = grad_norm(self, model)  # () the total norm over all processes, not clipped (unscaled first)
         value = float(norm)  # the same on every process
         if not math.isfinite(value):
             for p in model.parameters():
@@ -105,14 +106,14 @@ class GradRegHooks:
         return norm
 
     def _log_grad_reg(self, norm: float, bound: float, z: float | None, units: tuple[int, int] | None) -> None:
-        metrics = self._metrics["train"]
-        metrics["grad_reg/threshold"].append(bound)
-        metrics["grad_reg/clipped"].append(float(norm > bound))
+        train_metrics = metrics(self, "train")
+        train_metrics["grad_reg/threshold"].append(bound)
+        train_metrics["grad_reg/clipped"].append(float(norm > bound))
         if z is not None:
-            metrics["grad_reg/z"].append(z)
-        metrics["grad_reg/skipped_steps"].append(float(self.grad_reg_state.skipped))
+            train_metrics["grad_reg/z"].append(z)
+        train_metrics["grad_reg/skipped_steps"].append(float(self.grad_reg_state.skipped))
         if units is not None:
-            metrics["grad_reg/agc_clipped_frac"].append(units[0] / max(units[1], 1))
+            train_metrics["grad_reg/agc_clipped_frac"].append(units[0] / max(units[1], 1))
 
     def _count_skip(self, model, norm: float) -> None:
         """Count a skipped step; after `grad_reg_max_skips` in a row, save a checkpoint and stop.
@@ -127,7 +128,7 @@ class GradRegHooks:
         state, args, step = self.grad_reg_state, self.args, self.state.global_step
         state.skipped += 1
         state.consecutive_skips += 1
-        self._metrics["train"]["grad_reg/skipped_steps"].append(float(state.skipped))
+        metrics(self, "train")["grad_reg/skipped_steps"].append(float(state.skipped))
         logger.warning(
             "grad_reg: gradient norm %s at step %d: optimizer step skipped (%d in a row, %d in all)",
             norm, step, state.consecutive_skips, state.skipped,
@@ -135,11 +136,11 @@ class GradRegHooks:
         if state.consecutive_skips < args.grad_reg_max_skips:
             return
         state.consecutive_skips = 0  # a run resumed from the checkpoint gets a fresh allowance
-        checkpoint = os.path.join(self._get_output_dir(trial=None), f"{PREFIX_CHECKPOINT_DIR}-{step}")
+        checkpoint = os.path.join(output_dir(self), f"{PREFIX_CHECKPOINT_DIR}-{step}")
         complete = [os.path.isdir(checkpoint) and checkpoint_problem(checkpoint) is None]
         broadcast_object_list(complete)  # the main process's view, so that every process saves or none does
         if not complete[0]:
-            self._save_checkpoint(model, trial=None)
+            save_checkpoint(self, model)
         raise NonFiniteGradientError(
             f"grad_reg: {args.grad_reg_max_skips} optimizer steps in a row (grad_reg_max_skips="
             f"{args.grad_reg_max_skips}) had a non-finite gradient norm, the last one at global step {step} "
@@ -148,7 +149,7 @@ class GradRegHooks:
 
     def _deepspeed_grad_reg(self, model):
         """DeepSpeed ZeRO-1/2: the step is taken already (see the class docstring); update the state from its norm."""
-        norm = super()._clip_grad_norm(model)  # DeepSpeed's norm of the step it took
+        norm = super().hook_clip_grad_norm(model)  # DeepSpeed's norm of the step it took
         applied = self.deepspeed.optimizer.clip_grad
         if norm is None or not math.isfinite(float(norm)):
             self._count_skip(model, float("nan") if norm is None else float(norm))
@@ -168,21 +169,21 @@ class GradRegHooks:
             self.deepspeed.optimizer.clip_grad = bound  # DeepSpeed clips at it in the backward that steps
         return super().training_step(model, *args, **kwargs)
 
-    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+    def hook_get_per_token_logps_and_entropies(self, **kwargs):
+        result = super().hook_get_per_token_logps_and_entropies(**kwargs)
         if self._grad_reg_capture:
             self._grad_reg_capture = False
             self._grad_reg_logps = result[0].detach()
         return result
 
-    def _compute_loss(self, model, inputs):
+    def hook_compute_loss(self, model, inputs):
         state = self.grad_reg_state
         if state is None or state.kl is None or not self.model.training:
-            return super()._compute_loss(model, inputs)
+            return super().hook_compute_loss(model, inputs)
         self.beta = state.kl.beta  # this optimizer step's β (also right after a resume); TRL's loss reads it
         self._grad_reg_capture, self._grad_reg_logps = True, None  # TRL's loss first computes the policy's
         try:
-            loss = super()._compute_loss(model, inputs)
+            loss = super().hook_compute_loss(model, inputs)
         finally:
             logps, self._grad_reg_capture, self._grad_reg_logps = self._grad_reg_logps, False, None
         self._observe_kl(inputs, logps)
@@ -203,5 +204,5 @@ class GradRegHooks:
         kl_sum, tokens, completions = self.accelerator.reduce(self._kl_window, reduction="sum").tolist()
         self._kl_window = None
         kl_state = self.grad_reg_state.kl
-        self._metrics["train"]["kl_coef"].append(kl_state.beta)  # the β this step's loss used
+        metrics(self, "train")["kl_coef"].append(kl_state.beta)  # the β this step's loss used
         self.beta = kl_state.update(kl_sum / max(tokens, 1.0), round(completions))

@@ -1,5 +1,6 @@
-"""Policy grouping wired into TRL's `GRPOTrainer` hooks: a mixin of `trl_grpo_ext.GRPOTrainer` (each override calls
-`super()`). The formulas are in `policy_groups`, the grouping rules in `grouping`, the state in `policy_group_state`.
+"""Policy grouping wired into TRL's `GRPOTrainer` through the hooks of `trl_contact.TRLContact`: a mixin of
+`trl_grpo_ext.GRPOTrainer` (each override calls `super()`). The formulas are in `policy_groups`, the grouping rules
+in `grouping`, the state in `policy_group_state`.
 """
 
 import logging
@@ -10,6 +11,7 @@ from accelerate.utils import gather_object
 from . import grouping
 from . import policy_groups as pg
 from .policy_group_state import PolicyGroupState
+from .trl_contact import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +94,8 @@ class PolicyGroupHooks:
             return grouping.embedding_features(model, self.processing_class, texts)
         return grouping.tfidf_features(texts)
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+    def hook_calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super().hook_calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if self.policy_groups is not None and self.model.training:
             rows = torch.tensor([row[ROW_COLUMN] for row in inputs], device=rewards_per_func.device)
             self._policy_group_batch = (rewards_per_func, self.accelerator.gather(rows))
@@ -117,7 +119,7 @@ class PolicyGroupHooks:
         rewards = self._total_rewards(rewards_per_func)
         for name in sorted(set(names)):
             values = rewards[torch.tensor([n == name for n in names])]
-            self._metrics["eval"][f"policy_groups/{name}/reward"].append(torch.nanmean(values).item())
+            metrics(self, "eval")[f"policy_groups/{name}/reward"].append(torch.nanmean(values).item())
 
     def _policy_group_key(self, row: dict) -> str | None:
         """The key that placed a row in its group at the start (column value, or `policy_group_fn`'s name); None
@@ -145,11 +147,11 @@ class PolicyGroupHooks:
                 votes[key][group] += 1
         return {key: self.policy_groups.names[max(count, key=count.get)] for key, count in votes.items()}
 
-    def _generate_and_score_completions(self, inputs):
+    def hook_generate_and_score_completions(self, inputs):
         grouping_on = self.policy_groups is not None and self.model.training
         if grouping_on and self.args.policy_group_sampling != "uniform":
             inputs = self._draw_generation_batch(len(inputs))
-        output = super()._generate_and_score_completions(inputs)
+        output = super().hook_generate_and_score_completions(inputs)
         if grouping_on:
             self._apply_policy_groups(output)
         return output
@@ -186,7 +188,7 @@ class PolicyGroupHooks:
         output["advantages"] = advantages
         output["policy_group_ids"] = group_ids[local].to(output["completion_mask"].device)
         for key, value in state.metrics().items():
-            self._metrics["train"][key].append(value)
+            metrics(self, "train")[key].append(value)
 
     def _maybe_regroup(self, step: int) -> None:
         args, state = self.args, self.policy_groups
@@ -231,14 +233,14 @@ class PolicyGroupHooks:
         self.policy_groups.regroup(names, torch.as_tensor(assignment), reason)
         logger.warning("Policy groups: %s -> %s", reason, self.policy_groups.names)
 
-    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+    def hook_get_per_token_logps_and_entropies(self, **kwargs):
+        result = super().hook_get_per_token_logps_and_entropies(**kwargs)
         if self.policy_groups is not None and self.model.training and kwargs.get("compute_entropy"):
             self._policy_group_entropies = result[1].detach()
         return result
 
-    def _compute_loss(self, model, inputs):
-        loss = super()._compute_loss(model, inputs)
+    def hook_compute_loss(self, model, inputs):
+        loss = super().hook_compute_loss(model, inputs)
         entropies, self._policy_group_entropies = self._policy_group_entropies, None
         if entropies is not None and "policy_group_ids" in inputs:
             mask = inputs["completion_mask"]

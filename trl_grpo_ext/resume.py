@@ -21,6 +21,8 @@ import torch
 from torch.utils.data import Sampler
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from .trl_contact import repeat_sampler_fields
+
 logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "trl_grpo_ext_manifest.json"
@@ -49,11 +51,11 @@ class EpochSeededSampler(Sampler):
         self.epoch = epoch
 
     def __iter__(self):
-        generator = getattr(self.sampler, "generator", None)
-        if getattr(self.sampler, "shuffle", False) and generator is not None and self.sampler.seed is not None:
-            generator.manual_seed(self.sampler.seed)
+        generator, seed, num_samples, shuffle = repeat_sampler_fields(self.sampler)
+        if shuffle and seed is not None:
+            generator.manual_seed(seed)
             for _ in range(self.epoch):
-                torch.randperm(self.sampler.num_samples, generator=generator)
+                torch.randperm(num_samples, generator=generator)
         self.epoch += 1
         return iter(self.sampler)
 

@@ -1,4 +1,5 @@
-"""`GRPOTrainer`: TRL's GRPO trainer, extended only through its hooks (each override calls `super()`)."""
+"""`GRPOTrainer`: TRL's GRPO trainer, extended only through the hooks of `trl_contact.TRLContact` (each override
+calls `super()`)."""
 
 import logging
 import math
@@ -6,7 +7,6 @@ import os
 from collections.abc import Callable
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
-from trl.trainer.grpo_trainer import GRPOTrainer as TRLGRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
 from .config import GRPOConfig, TRLGRPOConfig, policy_grouping_requested
@@ -22,39 +22,12 @@ from .resume import (
     save_resume_state,
     write_manifest,
 )
+from .trl_contact import GRPOLoopState, TRLContact, output_dir
 
 logger = logging.getLogger(__name__)
 
 
-class _GRPOLoopState:
-    """The training loop's state that TRL and transformers do not checkpoint: the micro-step counter `_step`, the
-    buffered generations reused for `steps_per_generation * num_iterations` micro-steps, and what was gathered since
-    the last log (with `logging_steps > 1`): TRL's metrics and transformers' running loss."""
-
-    def __init__(self, trainer: "GRPOTrainer"):
-        self.trainer = trainer
-
-    def state_dict(self) -> dict:
-        trainer = self.trainer
-        return {
-            "step": trainer._step,
-            "buffered_inputs": trainer._buffered_inputs,
-            "pending_metrics": {key: list(values) for key, values in trainer._metrics["train"].items()},
-            "pending_loss": trainer._tr_loss.item(),
-            "last_logged_step": trainer._globalstep_last_logged,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        trainer = self.trainer
-        trainer._step = state["step"]
-        trainer._buffered_inputs = state["buffered_inputs"]
-        trainer._metrics["train"].clear()
-        trainer._metrics["train"].update(state["pending_metrics"])
-        # transformers resets its running loss after this hook runs: `_load_rng_state` puts it back.
-        trainer._resumed_loss = (state["pending_loss"], state["last_logged_step"])
-
-
-class GRPOTrainer(FastGenerationHooks, EntropyRegHooks, GradRegHooks, PolicyGroupHooks, TRLGRPOTrainer):
+class GRPOTrainer(FastGenerationHooks, EntropyRegHooks, GradRegHooks, PolicyGroupHooks, TRLContact):
     """
     Drop-in replacement for [`trl.GRPOTrainer`]: same constructor, same reward function forms, `peft_config`,
     callbacks and loggers.
@@ -93,8 +66,6 @@ class GRPOTrainer(FastGenerationHooks, EntropyRegHooks, GradRegHooks, PolicyGrou
     folder is TRL's (`<model name>-GRPO`).
     """
 
-    _tag_names = [*TRLGRPOTrainer._tag_names, "trl-grpo-ext"]
-
     def __init__(
         self,
         model,
@@ -124,7 +95,7 @@ class GRPOTrainer(FastGenerationHooks, EntropyRegHooks, GradRegHooks, PolicyGrou
     def resumable_state(self) -> dict:
         """Objects with `state_dict()` / `load_state_dict()` saved in every checkpoint and restored on resume, by
         name. Each feature of this package that keeps state across steps adds its object here."""
-        state = {"grpo_loop": _GRPOLoopState(self)}
+        state = {"grpo_loop": GRPOLoopState(self)}
         if self.policy_groups is not None:
             state["policy_groups"] = self.policy_groups
         if self.entropy_reg_state is not None:
@@ -155,12 +126,12 @@ class GRPOTrainer(FastGenerationHooks, EntropyRegHooks, GradRegHooks, PolicyGrou
                 raise ValueError(f"resume_from_checkpoint={str(resume_from_checkpoint)!r} is incomplete: {problem}")
         return super().train(resume_from_checkpoint, *more, **kwargs)
 
-    def _get_train_sampler(self, dataset=None):
-        self._epoch_sampler = EpochSeededSampler(super()._get_train_sampler(dataset))
+    def hook_get_train_sampler(self, dataset=None):
+        self._epoch_sampler = EpochSeededSampler(super().hook_get_train_sampler(dataset))
         return self._epoch_sampler
 
-    def _save_checkpoint(self, model, trial):
-        run_dir = self._get_output_dir(trial=trial)
+    def hook_save_checkpoint(self, model, trial):
+        run_dir = output_dir(self, trial)
         checkpoint_dir = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         # Our state first: a folder holding it but no manifest is then known to be an unfinished save of ours.
         os.makedirs(checkpoint_dir, exist_ok=True)
@@ -169,7 +140,7 @@ class GRPOTrainer(FastGenerationHooks, EntropyRegHooks, GradRegHooks, PolicyGrou
         # Older checkpoints are rotated out only once this one is complete, so a crash mid-save keeps one to resume.
         save_total_limit, self.args.save_total_limit = self.args.save_total_limit, None
         try:
-            super()._save_checkpoint(model, trial)
+            super().hook_save_checkpoint(model, trial)
         finally:
             self.args.save_total_limit = save_total_limit
         self.accelerator.wait_for_everyone()
@@ -177,17 +148,13 @@ class GRPOTrainer(FastGenerationHooks, EntropyRegHooks, GradRegHooks, PolicyGrou
             write_manifest(checkpoint_dir)
             rotate_checkpoints(run_dir, save_total_limit, self.state.best_model_checkpoint, use_mtime=True)
 
-    def _load_rng_state(self, checkpoint):
+    def hook_load_rng_state(self, checkpoint):
         # Called once where the resumed run rejoins the uninterrupted one, after transformers reset its running loss.
-        super()._load_rng_state(checkpoint)
-        resumed_loss = getattr(self, "_resumed_loss", None)
-        if resumed_loss is not None:
-            self._tr_loss += resumed_loss[0]
-            self._globalstep_last_logged = resumed_loss[1]
-            self._resumed_loss = None
+        super().hook_load_rng_state(checkpoint)
+        GRPOLoopState.restore_pending_loss(self)
 
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
+    def hook_load_optimizer_and_scheduler(self, checkpoint):
+        super().hook_load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
         # The checkpoint's trainer state is loaded by now. Under several processes accelerate's wrappers do not

@@ -1,5 +1,5 @@
 """Fast generation wired into TRL's `GRPOTrainer`: a mixin of `trl_grpo_ext.GRPOTrainer` whose one override,
-`_generate_single_turn`, calls `super()`.
+`hook_generate_single_turn` (TRL's `_generate_single_turn`, through `trl_contact`), calls `super()`.
 
 TRL 1.16 generates each batch in `_generate_single_turn`: it unwraps the policy (`unwrap_model_for_generation`) and
 calls `unwrapped_model.generate(**inputs, generation_config=self.generation_config)`. Around that call, in order:
@@ -32,6 +32,7 @@ import torch
 from accelerate.utils import DistributedType
 
 from ..config import generation_levers
+from ..trl_contact import drop_repeated_input_grad_hooks, metrics
 from .checks import model_setting_problem
 from .lora_merge import GenerationCopy, InplaceMerge, compute_dtype, is_quantized_linear, lora_linears
 from .static_cache import StaticCacheSizer
@@ -105,30 +106,6 @@ def padded_prompt_length(prompt_ids: list[list[int]], pad_to_multiple_of: int | 
     if pad_to_multiple_of:
         longest = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
     return longest
-
-
-def drop_repeated_input_grad_hooks(model: torch.nn.Module) -> int:
-    """Remove all but the newest of transformers' `make_inputs_require_grads` forward hooks on the input embeddings;
-    return how many were removed.
-
-    transformers 5 registers that hook (it sets requires_grad on the embeddings' output) each time gradient
-    checkpointing is enabled, and removes none when it is disabled on a model that is not a transformers-integrated
-    PEFT model. TRL 1.16 disables and re-enables checkpointing around every generation and every no-grad
-    log-probability pass, so stock training gains two identical hooks per step, and each is called on every forward,
-    decoded tokens included. For a compiled decode step the growing hook count is also a guard that fails at every
-    step: without this, the decode step recompiles once per step, until torch gives up and runs it uncompiled. The
-    hooks are idempotent, so keeping one changes no value.
-    """
-    embeddings = model.get_input_embeddings()
-    hook_ids = [key for key, fn in embeddings._forward_hooks.items() if getattr(fn, "__name__", "") == _GRAD_HOOK]
-    for key in hook_ids[:-1]:
-        for hooks in (embeddings._forward_hooks, embeddings._forward_hooks_with_kwargs,
-                      embeddings._forward_hooks_always_called):  # fmt: skip
-            hooks.pop(key, None)
-    return max(len(hook_ids) - 1, 0)
-
-
-_GRAD_HOOK = "make_inputs_require_grads"  # transformers' PreTrainedModel.enable_input_require_grads
 
 
 def free_device_memory(device: torch.device) -> int | None:
@@ -232,18 +209,18 @@ class FastGenerationHooks:
             sizer = StaticCacheSizer(self.generation_config, device_type, args.generation_max_prompt_length)
         self.fast_generation = FastGeneration(merge, sizer)
 
-    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+    def hook_generate_single_turn(self, prompt_ids, *args, **kwargs):
         fast = self.fast_generation
         if fast is None:
-            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
+            return super().hook_generate_single_turn(prompt_ids, *args, **kwargs)
         if fast.sizer is not None:
             fast.sizer.fit(padded_prompt_length(prompt_ids, self.args.pad_to_multiple_of))
         policy = self.accelerator.unwrap_model(self.model_wrapped)
         drop_repeated_input_grad_hooks(policy)
         with fast.generating(policy, self.state.global_step) as timing:
-            output = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+            output = super().hook_generate_single_turn(prompt_ids, *args, **kwargs)
         if fast.merge is not None and self.model.training:
-            self._metrics["train"]["fast_generation/merge_time"].append(timing["merge_time"])
+            metrics(self, "train")["fast_generation/merge_time"].append(timing["merge_time"])
         return output
 
 

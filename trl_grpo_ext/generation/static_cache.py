@@ -12,8 +12,9 @@ trainer's public `generation_config` and sets three of its fields:
   (prompt budget + `max_completion_length`) gives the same cache shape in every step, whatever the prompts' lengths,
   and hence no recompilation across steps (`tests/test_generation.py` counts the graphs);
 * `compile_config`: transformers' defaults on CUDA. Elsewhere transformers compiles only when its
-  `CompileConfig._compile_all_devices` is set, which `compile_config_for` does (mode "default": CUDA graphs are
-  CUDA-only). That private attribute is checked, so a transformers release without it fails at init, loudly.
+  `CompileConfig` has its private compile-on-all-devices flag set, which `compile_config_for` does through
+  `trl_contact.compile_config_all_devices` (mode "default": CUDA graphs are CUDA-only). That private attribute is
+  checked, so a transformers release without it fails at init, loudly.
 
 Not compiled: the prefill (one forward per generation) and generations of another batch size (evaluation) compile
 once more. transformers refuses to compile bitsandbytes-quantized models (their quantizer is not compileable), which
@@ -38,14 +39,9 @@ def compile_config_for(device_type: str):
 
     if device_type == "cuda":
         return CompileConfig()
-    if "_compile_all_devices" not in vars(CompileConfig):
-        raise RuntimeError(
-            "generation_compile on a non-CUDA device relies on transformers' CompileConfig._compile_all_devices, "
-            "which this transformers version does not have: use a CUDA device or turn generation_compile off"
-        )
-    config = CompileConfig(mode="default")  # "reduce-overhead" adds CUDA graphs, which exist on CUDA only
-    config._compile_all_devices = True
-    return config
+    from ..trl_contact import compile_config_all_devices  # private transformers API: only through trl_contact
+
+    return compile_config_all_devices()
 
 
 def prompt_budget(longest_prompt: int) -> int:

@@ -1,0 +1,198 @@
+"""The contact surface with TRL's and transformers' private API (`trl_grpo_ext.trl_contact`): the import-time check
+refuses a TRL that changed, the private methods are overridden in one class only, private attributes are read in one
+module only, and restored state lands on the trainer's device."""
+
+import ast
+import inspect
+import logging
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from trl.trainer.grpo_trainer import GRPOTrainer as TRLGRPOTrainer
+from trl.trainer.utils import RepeatSampler
+
+import trl_grpo_ext
+from trl_grpo_ext import trl_contact
+from trl_grpo_ext.resume import load_resume_state, save_resume_state
+from trl_grpo_ext.trl_contact import (
+    PRIVATE_METHODS,
+    GRPOLoopState,
+    TRLCompatibilityError,
+    TRLContact,
+    check_contact_surface,
+    hook_name,
+)
+
+PACKAGE = Path(trl_grpo_ext.__file__).parent
+
+
+def test_installed_trl_and_transformers_fit():
+    check_contact_surface()  # raises on a mismatch
+
+
+def test_changed_parameters_are_refused_with_the_method_and_the_supported_versions():
+    class RenamedArgument(TRLGRPOTrainer):
+        def _compute_loss(self, model, batch):  # TRL renamed `inputs`
+            return super()._compute_loss(model, batch)
+
+    with pytest.raises(TRLCompatibilityError) as error:
+        check_contact_surface(RenamedArgument)
+    message = str(error.value)
+    assert "_compute_loss" in message and "('self', 'model', 'batch')" in message
+    assert "trl>=1.16,<1.17" in message and "transformers>=5.3,<6" in message
+    assert "installed: trl " in message
+
+
+def test_method_that_clips_inline_is_refused():
+    """transformers before 5.3 clips gradients inside the training loop: `grad_reg` would silently do nothing."""
+
+    class OldTransformers(TRLGRPOTrainer):
+        _clip_grad_norm = None
+
+    with pytest.raises(TRLCompatibilityError, match=r"transformers Trainer\._clip_grad_norm is gone"):
+        check_contact_surface(OldTransformers)
+
+
+def test_compute_entropy_keyword_removed_is_refused():
+    class NoEntropyKeyword(TRLGRPOTrainer):
+        def _get_per_token_logps_and_entropies(
+            self, model, input_ids, attention_mask, logits_to_keep, batch_size=None
+        ):
+            raise AssertionError("not called")
+
+    with pytest.raises(TRLCompatibilityError, match="_get_per_token_logps_and_entropies"):
+        check_contact_surface(NoEntropyKeyword)
+
+
+def test_hook_name_taken_by_trl_is_refused():
+    class TakesOurName(TRLGRPOTrainer):
+        def hook_compute_loss(self, model, inputs):
+            raise AssertionError("not called")
+
+    with pytest.raises(TRLCompatibilityError, match="hook_compute_loss"):
+        check_contact_surface(TakesOurName)
+
+
+def test_attribute_no_longer_set_is_refused(monkeypatch):
+    monkeypatch.setitem(trl_contact.PRIVATE_ATTRIBUTES, "_renamed_buffer", TRLGRPOTrainer)
+    with pytest.raises(TRLCompatibilityError, match=r"GRPOTrainer no longer sets self\._renamed_buffer"):
+        check_contact_surface()
+
+
+def test_renamed_sampler_field_is_refused():
+    """A renamed field would switch the epoch-order fix of exact resume off without a word."""
+
+    class RenamedSeed(RepeatSampler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.random_seed = self.__dict__.pop("seed")
+
+    with pytest.raises(TRLCompatibilityError, match="RepeatSampler has no field 'seed'"):
+        check_contact_surface(sampler_class=RenamedSeed)
+
+
+def test_version_outside_the_tested_range_warns_only(monkeypatch, caplog):
+    monkeypatch.setitem(trl_contact.SUPPORTED, "trl", ">=99")
+    with caplog.at_level(logging.WARNING, logger="trl_grpo_ext.trl_contact"):
+        check_contact_surface()
+    assert "tested with trl>=99" in caplog.text
+
+
+def test_supported_ranges_are_the_ones_pyproject_states():
+    pyproject = (PACKAGE.parent / "pyproject.toml").read_text()
+    for name, spec in trl_contact.SUPPORTED.items():
+        assert f'"{name}{spec}"' in pyproject
+
+
+def test_private_methods_are_overridden_in_trl_contact_only():
+    """Every class of the package: a method named like a private attribute of TRL's trainer is an override, and only
+    `TRLContact` may have one; each override forwards to its hook."""
+    overriding = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    is_def = isinstance(item, ast.FunctionDef)
+                    if is_def and item.name.startswith("_") and not item.name.startswith("__"):
+                        if hasattr(TRLGRPOTrainer, item.name):
+                            overriding.setdefault(item.name, []).append(f"{path.name}:{node.name}")
+    assert {name: where for name, where in overriding.items() if where != ["trl_contact.py:TRLContact"]} == {}
+    overridden = set(overriding)
+    assert overridden == {n for n in PRIVATE_METHODS if n not in ("_get_grad_norm", "_get_output_dir")}
+    for name in overridden:
+        assert hook_name(name) in TRLContact.__dict__
+        assert f"self.{hook_name(name)}(" in inspect.getsource(TRLContact.__dict__[name])
+
+
+PRIVATE_READS = (
+    "._step", "._buffered_inputs", "._metrics", "._tr_loss", "._globalstep_last_logged", "._get_output_dir",
+    "._get_grad_norm", "._save_checkpoint", "._forward_hooks", "._compile_all_devices", "._tag_names",
+)  # fmt: skip
+
+
+def test_private_attributes_are_read_in_trl_contact_only():
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "trl_contact.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            offenders += [f"{path.relative_to(PACKAGE)}:{number}: {name}" for name in PRIVATE_READS
+                          if re.search(re.escape(name) + r"\b", code)]  # fmt: skip
+    assert offenders == []
+
+
+def test_compute_entropy_reaches_the_hooks_by_name_however_trl_passes_it():
+    """TRL passing `compute_entropy` positionally must not switch the per-group entropy statistic off."""
+
+    class Probe(TRLContact):
+        def hook_get_per_token_logps_and_entropies(self, **kwargs):
+            self.seen = kwargs
+            return None
+
+    probe = Probe.__new__(Probe)  # no model needed: only the forwarding runs
+    ids, mask = torch.zeros(2, 5, dtype=torch.long), torch.ones(2, 5)
+    probe._get_per_token_logps_and_entropies("model", ids, mask, 3, 2, True)
+    assert probe.seen["compute_entropy"] is True and probe.seen["batch_size"] == 2
+    assert probe.seen["logits_to_keep"] == 3 and probe.seen["model"] == "model"
+    probe._get_per_token_logps_and_entropies("model", ids, mask, 3)
+    assert probe.seen["compute_entropy"] is False  # TRL's default, filled in
+
+
+def test_restored_buffered_batch_goes_to_the_trainers_device(tmp_path):
+    """The state file is read onto the CPU; the buffered batch must land on `accelerator.device` (here the meta
+    device stands in for a GPU) with its dtypes, and the metrics and step come back as they were."""
+    batch = {
+        "prompt_ids": torch.arange(6).reshape(2, 3),
+        "advantages": torch.tensor([0.5, -0.5], dtype=torch.float32),
+        "old_per_token_logps": torch.zeros(2, 3, dtype=torch.bfloat16),
+        "num_items_in_batch": torch.tensor(6),
+        "policy_group_names": ["a", "b"],
+    }
+    saved = {
+        "step": 3,
+        "buffered_inputs": [batch, batch],
+        "pending_metrics": {"reward": [0.25]},
+        "pending_loss": 1.5,
+        "last_logged_step": 1,
+    }
+    save_resume_state(str(tmp_path), 0, {"grpo_loop": saved})
+    state = load_resume_state(str(tmp_path), 0)["grpo_loop"]
+    assert state["buffered_inputs"][0]["prompt_ids"].device.type == "cpu"
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(device=torch.device("meta")), _metrics={"train": {}})
+    GRPOLoopState(trainer).load_state_dict(state)
+    assert trainer._step == 3 and trainer._metrics["train"] == {"reward": [0.25]}
+    for restored in trainer._buffered_inputs:
+        for key, value in batch.items():
+            if isinstance(value, torch.Tensor):
+                assert restored[key].device.type == "meta" and restored[key].dtype == value.dtype, key
+            else:
+                assert restored[key] == value
+    trainer._tr_loss, trainer._globalstep_last_logged = torch.tensor(0.25), 0
+    GRPOLoopState.restore_pending_loss(trainer)
+    assert trainer._tr_loss.item() == 1.75 and trainer._globalstep_last_logged == 1
+    GRPOLoopState.restore_pending_loss(trainer)  # once only
+    assert trainer._tr_loss.item() == 1.75
