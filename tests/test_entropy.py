@@ -239,13 +239,13 @@ def test_advantage_mode_feeds_trl_the_shifted_advantages(tmp_path, tiny_model_di
 
 def test_clip_cov_detaches_the_chosen_tokens_and_logs_their_fraction(tmp_path, tiny_model_dir, monkeypatch):
     chosen_masks = []
-    original = er.clip_cov_mask
+    original = er.clip_cov_draw
 
     def spy(*args, **kwargs):
         chosen_masks.append(original(*args, **kwargs))
         return chosen_masks[-1]
 
-    monkeypatch.setattr(er, "clip_cov_mask", spy)
+    monkeypatch.setattr(er, "clip_cov_draw", spy)
     args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=2), entropy_reg="clip_cov", clip_cov_lb=-1e9,
                       clip_cov_ub=1e9, clip_cov_ratio=0.1)  # fmt: skip
     trainer = GRPOTrainer(tiny_model_dir, length_reward, args, _dataset())
@@ -254,7 +254,7 @@ def test_clip_cov_detaches_the_chosen_tokens_and_logs_their_fraction(tmp_path, t
     for chosen, row in zip(chosen_masks, rows, strict=True):
         assert 0 < chosen.sum() <= 0.1 * chosen.numel() + 1
         assert row["entropy_reg/clipped_frac"] > 0
-    # the draws depend on the micro-step, not on a shared random stream: two steps draw differently
+    # the draws depend on the optimizer step, not on a shared random stream: two steps draw differently
     assert not chosen_masks[0].equal(chosen_masks[1])
 
 

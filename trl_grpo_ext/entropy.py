@@ -62,11 +62,19 @@ def clip_cov_mask(
     (ω_low, ω_high). Returns a (B, T) bool mask of the tokens whose gradient is detached; the draw uses `generator`
     (CPU). The count is taken over all valid tokens, as in the reference implementation.
     """
+    return clip_cov_draw(cov, candidates, max(int(ratio * num_valid), 1), bounds, generator)
+
+
+def clip_cov_draw(
+    cov: torch.Tensor, candidates: torch.Tensor, count: int, bounds: tuple[float, float], generator: torch.Generator
+) -> torch.Tensor:
+    """Clip-Cov's draw (arXiv:2505.22617, Clip-Cov): `count` tokens (fewer if fewer qualify) drawn at random among the
+    `candidates` (B, T) bool whose covariance `cov` (B, T) lies strictly inside `bounds` = (ω_low, ω_high). Returns a
+    (B, T) bool mask; the draw uses `generator` (CPU) and depends only on the flattened order of the tokens."""
     inside = candidates & (cov > bounds[0]) & (cov < bounds[1])
-    count = max(int(ratio * num_valid), 1)
     chosen = torch.zeros_like(inside)
     index = inside.flatten().nonzero().flatten().cpu()
-    if len(index):
+    if len(index) and count > 0:
         pick = index[torch.randperm(len(index), generator=generator)[:count]]
         chosen.view(-1)[pick.to(chosen.device)] = True
     return chosen
@@ -75,13 +83,37 @@ def clip_cov_mask(
 def kl_cov_mask(cov: torch.Tensor, mask: torch.Tensor, ratio: float) -> torch.Tensor:
     """KL-Cov's tokens (arXiv:2505.22617, KL-Cov): the top `ratio` of valid tokens (at least one) by
     covariance `cov` (B, T) among `mask` (B, T). Returns a (B, T) bool mask of the tokens that get the penalty."""
+    return kl_cov_top(cov, mask, max(int(ratio * int(mask.bool().sum())), 1))
+
+
+def kl_cov_top(cov: torch.Tensor, mask: torch.Tensor, count: int) -> torch.Tensor:
+    """KL-Cov's tokens (arXiv:2505.22617, KL-Cov): the `count` valid tokens (at most all of them) with the largest
+    covariance `cov` (B, T) among `mask` (B, T). Returns a (B, T) bool mask."""
     valid = mask.bool()
-    count = min(max(int(ratio * int(valid.sum())), 1), int(valid.sum()))
+    count = min(count, int(valid.sum()))
     chosen = torch.zeros_like(valid)
-    if count:
+    if count > 0:
         scores = torch.where(valid, cov, torch.full_like(cov, -math.inf)).flatten()
         chosen.view(-1)[scores.topk(count).indices] = True
     return chosen
+
+
+def window_token_count(ratio: float, before: int, tokens: int) -> int:
+    """How many of `tokens` completion tokens Clip-Cov or KL-Cov pick when `before` tokens of the same optimizer step
+    came earlier, so that the picks over the step add up to max(int(ratio·n), 1) of its n tokens, however the step is
+    split into micro-batches: with the cumulative count t(c) = max(int(ratio·c), 1) for c > 0 and t(0) = 0, this is
+    t(before + tokens) − t(before) (a telescoping sum; exact rounding over the window).
+
+    arXiv:2505.22617 (Clip-Cov, KL-Cov) picks `ratio` of the tokens of the batch its loss is computed on; here that
+    batch is the optimizer step's. E.g. ratio 0.0002 and 4,096 tokens a step: t(4096) = 1 token, also when the step
+    is two micro-batches of 2,048 (t(2048) = 1, then t(4096) − t(2048) = 0), where max(int(ratio·n), 1) per
+    micro-batch would pick 2.
+    """
+
+    def total(c: int) -> int:
+        return max(int(ratio * c), 1) if c > 0 else 0
+
+    return total(before + tokens) - total(before)
 
 
 def kl_cov_penalty(logps: torch.Tensor, old_logps: torch.Tensor, chosen: torch.Tensor, mask: torch.Tensor, coef):

@@ -6,8 +6,13 @@ before it reads the advantages; `trl_contact` forwards both to the hooks here. O
 shallow copy of the batch (TRL buffers the original and reuses it for `num_iterations` passes), and our
 `hook_get_per_token_logps_and_entropies` acts on that copy while TRL's loss is being computed: it shifts the
 advantages (`advantage`), or detaches the log-probabilities of Clip-Cov's tokens (`clip_cov`). Terms added to TRL's
-loss (the `target` bonus, KL-Cov's penalty) are token means scaled for gradient accumulation only, as TRL's own
-entropy bonus is.
+loss (the `target` bonus, KL-Cov's penalty) are token means over the whole optimizer step (all its micro-batches and
+processes), as TRL's `dapo` loss is a token sum over it.
+
+Split invariance (issue #12): nothing depends on how an optimizer step is split between `per_device_train_batch_size`
+and `gradient_accumulation_steps`. The controllers are updated once per optimizer step from the sums of its whole
+accumulation window; Clip-Cov's and KL-Cov's tokens are chosen once for the window, `clip_cov_ratio` / `kl_cov_ratio`
+of its tokens, with the covariance centred by the window's means (`_plan_window`).
 """
 
 import logging
@@ -15,9 +20,18 @@ import logging
 import torch
 
 from . import entropy as er
-from .trl_contact import metrics, micro_step
+from .trl_contact import buffered_inputs, metrics, micro_step
 
 logger = logging.getLogger(__name__)
+
+# The batch entries TRL's `_compute_loss` passes on to `_get_per_token_logps_and_entropies` (multimodal inputs).
+_FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+                 "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")  # fmt: skip
+
+
+def _loss_mask(batch: dict) -> torch.Tensor:
+    """(B, T) the completion tokens TRL's loss counts: `completion_mask`, times `tool_mask` when there is one."""
+    return batch["completion_mask"] if "tool_mask" not in batch else batch["completion_mask"] * batch["tool_mask"]
 
 
 class EntropyRegState:
@@ -43,6 +57,9 @@ class EntropyRegHooks:
     _entropy_batch = None  # the copy of the batch TRL's loss is computing on, while it does
     _entropy_capture = None  # (log-probabilities (B, T) with gradient, entropies (B, T), tokens chosen (B, T))
     _entropy_window = None  # (keys, (K, 2) [entropy sum, token count] per key) over the accumulation window
+    _chosen_window = None  # (2,) [tokens Clip-Cov/KL-Cov picked, tokens] over the accumulation window
+    _window_start = None  # (optimizer step, micro-step) where the current accumulation window began
+    _entropy_plan = None  # what the micro-batches of the window's part in TRL's buffer share (`_plan_window`)
 
     def _init_entropy_reg(self) -> None:
         """Called at the end of `GRPOTrainer.__init__`.
@@ -89,6 +106,8 @@ class EntropyRegHooks:
     def hook_compute_loss(self, model, inputs):
         if self.entropy_reg_state is None:
             return super().hook_compute_loss(model, inputs)
+        if self.model.training and set(self.args.entropy_reg) - {"advantage"}:
+            self._plan_window(model, inputs)
         self._entropy_batch = dict(inputs)
         try:
             loss = super().hook_compute_loss(model, self._entropy_batch)
@@ -104,7 +123,7 @@ class EntropyRegHooks:
             return result
         modes = self.args.entropy_reg
         logps, entropies = result[0], result[1]  # (B, T) each
-        mask = batch["completion_mask"] if "tool_mask" not in batch else batch["completion_mask"] * batch["tool_mask"]
+        mask = _loss_mask(batch)
         if "advantage" in modes:
             shifted = er.entropy_advantages(batch["advantages"], entropies, mask, self.args.entropy_advantage_coef)
             shift = self.accelerator.gather((shifted - batch["advantages"]).float().reshape(len(shifted), -1)[:, 0])
@@ -114,17 +133,108 @@ class EntropyRegHooks:
             batch["advantages"] = shifted
         chosen = None
         if "clip_cov" in modes or "kl_cov" in modes:
-            cov = er.token_covariance(logps, batch["advantages"], self._global_means(logps, batch["advantages"], mask))
+            plan = self._entropy_plan if self.model.training else None
+            if plan is not None and plan["chosen"] is not None:
+                chosen = plan["chosen"][plan["index"]]  # chosen with the rest of the window
+            else:  # the window's part (or the evaluation batch) is this batch alone
+                chosen = self._choose_tokens([logps], [batch], 0 if plan is None else plan["before"])[0]
             if "clip_cov" in modes:
-                chosen = er.clip_cov_mask(
-                    cov, mask.bool() & ~self._ppo_clipped(logps, batch), int(mask.sum()), self.args.clip_cov_ratio,
-                    (self.args.clip_cov_lb, self.args.clip_cov_ub), self._clip_cov_generator(),
-                )  # fmt: skip
                 logps = torch.where(chosen, logps.detach(), logps)
-            else:
-                chosen = er.kl_cov_mask(cov, mask, self.args.kl_cov_ratio)
         self._entropy_capture = (logps, entropies, chosen)
         return (logps, *result[1:])
+
+    def _plan_window(self, model, inputs: dict) -> None:
+        """At the first micro-step of each accumulation window, plan what its micro-batches share, so that none of it
+        depends on how the optimizer step is split into micro-batches: the window's tokens over all processes (the
+        normalizer of the loss terms, `_window_share`), and Clip-Cov's or KL-Cov's tokens, chosen over the whole
+        window at once (`_choose_tokens`: covariance centred by the window's means, `window_token_count` tokens).
+
+        The window is the `current_gradient_accumulation_steps` micro-steps from the first one after the last
+        optimizer step. TRL generates a whole generation batch before its micro-steps and keeps one slice per
+        micro-step in `_buffered_inputs` (`_prepare_inputs`), so the window's batches are known when it starts; a
+        window that runs into the next generation batch (`steps_per_generation * num_iterations` not a multiple of
+        the accumulation steps) is planned in parts, each when it starts: its token counts still add up over the
+        window, its means and normalizer come from the known part (the normalizer scaled to the window's micro-steps,
+        as TRL's `dapo` normalizer is). With more than one micro-batch in the part, Clip-Cov and KL-Cov cost one
+        forward pass over it without gradient (`_window_logps`); with one (no accumulation) nothing is added.
+        """
+        step, optimizer_step = micro_step(self), self.state.global_step
+        if self._window_start is None or self._window_start[0] != optimizer_step:
+            self._window_start = (optimizer_step, step)
+        first, size = self._window_start[1], self.current_gradient_accumulation_steps
+        every = self.args.steps_per_generation * self.num_iterations
+        generated = step - step % every  # the micro-step that generated the buffered batches
+        start, end = max(first, generated), min(first + size, generated + every)
+        buffered = buffered_inputs(self)
+        batches = [buffered[t % self.args.steps_per_generation] for t in range(start, end)]
+        if not start <= step < end or batches[step - start] is not inputs:  # not TRL's buffered slice: alone
+            batches, start = [inputs], step
+        plan = self._entropy_plan
+        key = (optimizer_step, start - first)
+        if plan is None or plan["key"] != key:
+            before = plan["before"] + plan["tokens"] if plan is not None and plan["key"][0] == optimizer_step else 0
+            tokens = sum(int(_loss_mask(batch).sum()) for batch in batches)
+            device = inputs["completion_mask"].device
+            total = self.accelerator.reduce(torch.tensor(float(tokens), device=device), reduction="sum").item()
+            normalizer = total * size / len(batches) / self.accelerator.num_processes
+            plan = {"key": key, "before": before, "tokens": tokens, "normalizer": max(normalizer, 1.0), "chosen": None}
+            self._entropy_plan = plan
+            if len(batches) > 1 and {"clip_cov", "kl_cov"} & set(self.args.entropy_reg):
+                plan["chosen"] = self._choose_tokens(*self._window_logps(model, batches), before)
+        plan["index"] = step - start
+
+    @torch.no_grad()
+    def _window_logps(self, model, batches: list[dict]) -> tuple[list[torch.Tensor], list[dict]]:
+        """The policy's log-probabilities (B_j, T) of the completions of each of `batches`, without gradient (the
+        policy does not change within an accumulation window), and the batches with the advantages TRL's loss will
+        see (shifted by the `advantage` mode). Runs before TRL's loss: our hooks on the log-probabilities capture
+        nothing from it (TRL's own call overwrites what the policy-group hooks keep)."""
+        shift = "advantage" in self.args.entropy_reg
+        logps, seen = [], []
+        for batch in batches:
+            input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+            attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+            result = self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, batch["completion_ids"].size(1), compute_entropy=shift,
+                **{key: batch.get(key) for key in _FORWARD_KEYS},
+            )  # fmt: skip
+            if shift:
+                shifted = er.entropy_advantages(
+                    batch["advantages"], result[1], _loss_mask(batch), self.args.entropy_advantage_coef
+                )
+                batch = {**batch, "advantages": shifted}
+            logps.append(result[0])
+            seen.append(batch)
+        return logps, seen
+
+    def _choose_tokens(self, logps: list[torch.Tensor], batches: list[dict], before: int) -> list[torch.Tensor]:
+        """Clip-Cov's or KL-Cov's tokens (B_j, T) in each of `batches`, chosen over all of them at once: the covariance
+        (`entropy.token_covariance`) of the policy's log-probabilities `logps` (B_j, T) and the batches' advantages,
+        centred by their means over all of them and all processes; `entropy.window_token_count` tokens, after `before`
+        tokens of the same optimizer step. The draw and the ranking see the tokens in the same order however the
+        batches are split, so the choice is that of one batch holding them all."""
+        masks = [_loss_mask(batch) for batch in batches]
+        mask, all_logps = torch.cat(masks), torch.cat(logps)  # (R, T), R = Σ B_j
+        advantages = torch.cat([batch["advantages"] for batch in batches])  # (R,) or (R, T)
+        cov = er.token_covariance(all_logps, advantages, self._global_means(all_logps, advantages, mask))
+        if "clip_cov" in self.args.entropy_reg:
+            count = er.window_token_count(self.args.clip_cov_ratio, before, int(mask.sum()))
+            clipped = torch.cat([self._ppo_clipped(lp, batch) for lp, batch in zip(logps, batches, strict=True)])
+            bounds = (self.args.clip_cov_lb, self.args.clip_cov_ub)
+            chosen = er.clip_cov_draw(cov, mask.bool() & ~clipped, count, bounds, self._clip_cov_generator())
+        else:
+            count = er.window_token_count(self.args.kl_cov_ratio, before, int(mask.bool().sum()))
+            chosen = er.kl_cov_top(cov, mask, count)
+        return list(chosen.split([len(m) for m in masks]))
+
+    def _window_share(self, mask: torch.Tensor) -> float:
+        """This micro-batch's tokens over the optimizer step's tokens per process: a token mean over the micro-batch
+        times this is its part of the token mean over the step, after the gradients are averaged over processes
+        (1.0 without accumulation on one process)."""
+        plan = self._entropy_plan
+        if plan is None:
+            return 1.0 / self.current_gradient_accumulation_steps
+        return float(mask.sum()) / plan["normalizer"]
 
     def _global_means(self, logps, advantages, mask) -> tuple[float, float]:
         """(mean log-probability, mean advantage) over the valid tokens of every process."""
@@ -145,35 +255,46 @@ class EntropyRegHooks:
         return -advantages * clipped > -advantages * ratio
 
     def _clip_cov_generator(self) -> torch.Generator:
-        """Clip-Cov's random draw: seeded by the run's seed, the process and the micro-step (checkpointed), so a
-        resumed run draws the same tokens and no other random stream moves."""
-        seed = (self.args.seed * 1_000_003 + self.accelerator.process_index * 10_007 + micro_step(self)) % 2**63
+        """Clip-Cov's random draw: seeded by the run's seed, the process, the optimizer step (checkpointed) and the
+        part of its window, so a resumed run draws the same tokens, the draw does not depend on how the step is split
+        into micro-batches, and no other random stream moves."""
+        plan = self._entropy_plan if self.model.training else None
+        draw = self.state.global_step * 4096 + (0 if plan is None else plan["key"][1])
+        seed = (self.args.seed * 1_000_003 + self.accelerator.process_index * 10_007 + draw) % 2**63
         return torch.Generator().manual_seed(seed)
 
     def _entropy_loss_terms(self, batch, capture) -> torch.Tensor:
-        """The `target` bonus (subtracted) and KL-Cov's penalty (added) for this micro-batch, with metrics and, at
-        the end of an accumulation window in training, the controller update."""
+        """The `target` bonus (subtracted) and KL-Cov's penalty (added) for this micro-batch, each its part of the
+        token mean over the optimizer step (`_window_share`), with metrics and, at the end of an accumulation window
+        in training, the controller update."""
         logps, entropies, chosen = capture
-        mask = batch["completion_mask"] if "tool_mask" not in batch else batch["completion_mask"] * batch["tool_mask"]
+        mask = _loss_mask(batch)
         training = self.model.training
         mode = "train" if training else "eval"
-        accumulation = self.current_gradient_accumulation_steps if training else 1.0
+        share = self._window_share(mask) if training else 1.0
         extra = torch.zeros((), device=logps.device, dtype=logps.dtype)
         modes = self.args.entropy_reg
         if "kl_cov" in modes:
             old = batch.get("old_per_token_logps")
             old = logps.detach() if old is None else old
-            extra = extra + er.kl_cov_penalty(logps, old, chosen, mask, self.args.kl_cov_coef) / accumulation
+            extra = extra + er.kl_cov_penalty(logps, old, chosen, mask, self.args.kl_cov_coef) * share
         if chosen is not None:
-            counts = self.accelerator.reduce(torch.stack([chosen.sum(), mask.sum()]).float(), reduction="sum")
-            name = "clipped_frac" if "clip_cov" in modes else "penalized_frac"
-            metrics(self, mode)[f"entropy_reg/{name}"].append((counts[0] / counts[1].clamp(min=1.0)).item())
+            counts = torch.stack([chosen.sum(), mask.sum()]).float()
+            if training:  # one value per optimizer step, over its window
+                window = self._chosen_window
+                counts = self._chosen_window = counts if window is None else window + counts
+            if not training or self.accelerator.sync_gradients:
+                counts = self.accelerator.reduce(counts, reduction="sum")
+                if training:
+                    self._chosen_window = None
+                name = "clipped_frac" if "clip_cov" in modes else "penalized_frac"
+                metrics(self, mode)[f"entropy_reg/{name}"].append((counts[0] / counts[1].clamp(min=1.0)).item())
         controller = self.entropy_reg_state.controller
         if controller is not None:
             keys, ids = self._entropy_keys(batch, len(entropies))
             coefs = [controller.mean_coefficient() if key == "mean" else controller.coefficient(key) for key in keys]
             coef = torch.tensor(coefs, dtype=entropies.dtype, device=entropies.device)[ids]  # (B,)
-            extra = extra - er.entropy_bonus(entropies, mask, coef) / accumulation
+            extra = extra - er.entropy_bonus(entropies, mask, coef) * share
             if training:
                 self._observe_entropy(keys, ids, entropies.detach(), mask)
         return extra

@@ -65,6 +65,7 @@ class PolicyGroupHooks:
     policy_group_fn = None
     _policy_group_batch = None  # (gathered rewards per function (N, F), dataset rows (N,)) of this batch
     _policy_group_entropies = None  # (B, T) entropies of the last loss computation
+    _policy_group_entropy_window = None  # (group names, (2, K) [entropy sum, completions]) over the window
 
     def _build_policy_groups(self) -> PolicyGroupState:
         args, dataset = self.args, self.train_dataset
@@ -243,13 +244,25 @@ class PolicyGroupHooks:
         loss = super().hook_compute_loss(model, inputs)
         entropies, self._policy_group_entropies = self._policy_group_entropies, None
         if entropies is not None and "policy_group_ids" in inputs:
-            mask = inputs["completion_mask"]
-            per_completion = (entropies * mask).sum(1) / mask.sum(1).clamp(min=1)  # (B,) nats per token
-            k = self.policy_groups.num_groups
-            ids = inputs["policy_group_ids"]  # set after any regroup of this generation batch, so still valid
-            sums = torch.zeros(k, device=mask.device).index_add_(0, ids, per_completion.float())
-            counts = torch.zeros(k, device=mask.device).index_add_(0, ids, torch.ones_like(per_completion.float()))
-            totals = self.accelerator.gather(torch.stack([sums, counts])[None]).sum(0).double().cpu()  # (2, K)
-            means = totals[0] / totals[1].clamp(min=1)
-            self.policy_groups.observe_entropy(means, totals[1], self.args.policy_group_ema)
+            self._observe_policy_group_entropy(entropies, inputs)
         return loss
+
+    def _observe_policy_group_entropy(self, entropies: torch.Tensor, inputs: dict) -> None:
+        """Add this micro-batch's per-group sums of completion mean entropy (nats per token, from `entropies` (B, T))
+        to the accumulation window; at its end, sum over processes and fold the window's per-group means into the
+        EMA, once per optimizer step however the step is split into micro-batches. A window whose groups changed
+        midway (a regroup at a generation batch inside it) starts anew."""
+        mask = inputs["completion_mask"]
+        per_completion = ((entropies * mask).sum(1) / mask.sum(1).clamp(min=1)).double()  # (B,) nats per token
+        names, k = list(self.policy_groups.names), self.policy_groups.num_groups
+        ids = inputs["policy_group_ids"]  # set after any regroup of this generation batch, so still valid
+        sums = torch.zeros(2, k, dtype=torch.float64, device=mask.device)  # (2, K) [entropy sum, completions]
+        sums[0].index_add_(0, ids, per_completion)
+        sums[1].index_add_(0, ids, torch.ones_like(per_completion))
+        window = self._policy_group_entropy_window
+        self._policy_group_entropy_window = (names, sums if window is None or window[0] != names else window[1] + sums)
+        if not self.accelerator.sync_gradients:
+            return
+        totals = self.accelerator.reduce(self._policy_group_entropy_window[1], reduction="sum").cpu()  # (2, K)
+        self._policy_group_entropy_window = None
+        self.policy_groups.observe_entropy(totals[0] / totals[1].clamp(min=1), totals[1], self.args.policy_group_ema)

@@ -217,6 +217,12 @@ def micro_step(trainer: TRLGRPOTrainer) -> int:
     return trainer._step
 
 
+def buffered_inputs(trainer: TRLGRPOTrainer) -> list[dict]:
+    """TRL's current generation batch, split into `steps_per_generation` micro-batches (dicts of tensors); micro-step
+    `t` trains on item `t % steps_per_generation`."""
+    return trainer._buffered_inputs
+
+
 def output_dir(trainer: transformers.Trainer, trial=None) -> str:
     """The folder checkpoints go to (transformers' `_get_output_dir`)."""
     return trainer._get_output_dir(trial=trial)
