@@ -42,7 +42,7 @@ def test_changed_parameters_are_refused_with_the_method_and_the_supported_versio
         check_contact_surface(RenamedArgument)
     message = str(error.value)
     assert "_compute_loss" in message and "('self', 'model', 'batch')" in message
-    assert "trl>=1.16,<1.17" in message and "transformers>=5.3,<6" in message
+    assert "trl>=1.16,<1.17" in message and "transformers>=5.18,<6" in message
     assert "installed: trl " in message
 
 

@@ -34,8 +34,9 @@ from trl.trainer.utils import RepeatSampler
 logger = logging.getLogger(__name__)
 
 WRITTEN_AGAINST = {"trl": "1.16.0", "transformers": "5.24.0"}
-# The ranges pyproject.toml allows and CI tests (the newest and the oldest release of each).
-SUPPORTED = {"trl": ">=1.16,<1.17", "transformers": ">=5.3,<6"}
+# The ranges pyproject.toml allows and CI tests (the newest and the oldest release of each; README.md says why
+# transformers starts at 5.18).
+SUPPORTED = {"trl": ">=1.16,<1.17", "transformers": ">=5.18,<6"}
 
 
 class TRLCompatibilityError(ImportError):
