@@ -154,7 +154,7 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
         print(format_table(results))
         print(f"Saved {path}")
     trainer.accelerator.wait_for_everyone()
-    trainer.accelerator.end_training()  # finish the trackers and close the process group (as Trainer.end)
+    trainer.end()  # finish the trackers and close the process group
     return results
 
 

@@ -91,7 +91,7 @@ def run_phase(
     trainer, reward = build_trainer(config, model_dir, output_dir)
     trainer.train(resume_from_checkpoint=resume_from)
     if end:
-        trainer.accelerator.end_training()  # Trainer.end(); without it, gloo's threads can abort the process at exit
+        trainer.end()  # without it, gloo's threads can abort the process at exit ("terminate called ...")
     return {
         "logs": [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in trainer.state.log_history],
         "prompts": reward.calls,
