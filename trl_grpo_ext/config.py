@@ -375,9 +375,18 @@ class GRPOConfig(TRLGRPOConfig):
     def _check_fields(self) -> None:
         """This package's checks (also run on a TRL config by `add_defaults`). Raises ValueError naming the field."""
         cls = GRPOConfig  # named, not looked up on `self`: a TRL config has none of these methods
-        for check in (cls._check_policy_group_fields, cls._check_entropy_reg_fields, cls._check_grad_reg_fields,
-                      cls._check_generation_fields):  # fmt: skip
+        for check in (cls._check_trl_fields, cls._check_policy_group_fields, cls._check_entropy_reg_fields,
+                      cls._check_grad_reg_fields, cls._check_generation_fields):  # fmt: skip
             check(self)
+
+    def _check_trl_fields(self) -> None:
+        """Values of transformers' and TRL's own fields that they accept but that cannot mean what was asked."""
+        steps = self.max_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < -1:
+            raise ValueError(
+                f"max_steps must be a number of optimizer steps >= 1, or -1 (or 0) to train for num_train_epochs, "
+                f"got {steps!r}"
+            )
 
     def _check_policy_group_fields(self) -> None:
         choices = {

@@ -24,6 +24,7 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 from .rewards import completion_text
 
 KMEANS_N_INIT = 10  # k-means++ restarts; the best inertia wins (Arthur & Vassilvitskii, 2007)
+ROW_COLUMN = "policy_group_row"  # added to the training dataset when policy grouping is on: each row's index
 
 
 def _names_and_assignment(keys: list[str]) -> tuple[list[str], np.ndarray]:
@@ -43,7 +44,7 @@ def assign_from_column(dataset: Dataset, column: str) -> tuple[list[str], np.nda
     if column not in dataset.column_names:
         raise ValueError(
             f"policy_group_column={column!r} is not a column of the training dataset; "
-            f"its columns are {dataset.column_names}"
+            f"its columns are {[c for c in dataset.column_names if c != ROW_COLUMN]}"
         )
     values = dataset[column]
     missing = next((i for i, value in enumerate(values) if value is None), None)

@@ -10,12 +10,11 @@ from accelerate.utils import gather_object
 
 from . import grouping
 from . import policy_groups as pg
+from .grouping import ROW_COLUMN
 from .policy_group_state import PolicyGroupState
 from .trl_contact import metrics
 
 logger = logging.getLogger(__name__)
-
-ROW_COLUMN = "policy_group_row"  # added to the training dataset when policy grouping is on: each row's index
 
 
 def with_row_column(dataset):

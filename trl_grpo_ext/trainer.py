@@ -10,6 +10,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl.trainer.utils import get_config_model_id
 
 from .config import GRPOConfig, TRLGRPOConfig, policy_grouping_requested
+from .dataset_checks import check_dataset_columns
 from .entropy_hooks import EntropyRegHooks
 from .generation.hooks import FastGenerationHooks
 from .grad_reg_hooks import GradRegHooks
@@ -57,9 +58,11 @@ class GRPOTrainer(FastGenerationHooks, EntropyRegHooks, GradRegHooks, PolicyGrou
     in place (restored bit for bit) or into a separate generation copy (`self.fast_generation`).
 
     Raises:
-        ValueError: policy grouping with an iterable or missing training dataset, or with a missing column (the
-            message lists the dataset's columns); `grad_reg` with `agc` under DeepSpeed or FSDP; a fast-generation
-            setting that cannot apply to this model (`FastGenerationHooks._init_fast_generation` says which).
+        ValueError: policy grouping with an iterable or missing training dataset; a column that a reward function
+            or `policy_group_column` reads missing from the training dataset (the message names the column, the
+            function and the dataset's columns; raised before the model is loaded); `grad_reg` with `agc` under
+            DeepSpeed or FSDP; a fast-generation setting that cannot apply to this model
+            (`FastGenerationHooks._init_fast_generation` says which).
 
     `args` may be TRL's `GRPOConfig` or a subclass of it (a script that swapped only the trainer import): the object
     is kept, and this package's settings are added to it at their defaults. With `args=None` the default output
@@ -83,6 +86,7 @@ class GRPOTrainer(FastGenerationHooks, EntropyRegHooks, GradRegHooks, PolicyGrou
             args = GRPOConfig.add_defaults(args)
         grouping = policy_grouping_requested(args) or policy_group_fn is not None
         check_policy_group_setup(args, grouping)
+        check_dataset_columns(train_dataset, reward_funcs, args)  # before the model is loaded
         if grouping:
             train_dataset = with_row_column(train_dataset)
         super().__init__(model, reward_funcs, args, train_dataset, *more, **kwargs)

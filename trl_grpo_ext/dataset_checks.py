@@ -1,0 +1,68 @@
+"""The training dataset checked against what a run reads from it, in `GRPOTrainer.__init__` before the model is
+loaded: a missing column otherwise surfaces only after the model is loaded and the first completions are generated
+(TRL calls each reward function with the dataset's columns as keyword arguments, and a missing one is a
+`TypeError` from inside the reward function)."""
+
+import inspect
+
+# What TRL 1.16's `_calculate_rewards` passes every reward function besides the dataset's columns, and the columns it
+# does not pass on ("prompt" goes in as `prompts`).
+TRL_REWARD_ARGUMENTS = frozenset(
+    {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments"}
+)
+NOT_PASSED_ON = frozenset({"prompt", "completion", "completion_ids"})
+
+
+def reward_columns(reward_func) -> list[str]:
+    """The dataset columns a reward function cannot run without: its parameters without a default that TRL does not
+    fill itself. [] for a reward model or a model id (TRL scores those from the text alone) and for a callable whose
+    signature cannot be read."""
+    if not callable(reward_func) or hasattr(reward_func, "forward"):
+        return []
+    try:
+        parameters = inspect.signature(reward_func).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [
+        p.name
+        for p in parameters
+        if p.kind in named and p.default is inspect.Parameter.empty and p.name not in TRL_REWARD_ARGUMENTS
+    ]
+
+
+def check_dataset_columns(dataset, reward_funcs, args) -> None:
+    """Check that `dataset` has each column the reward functions and `args.policy_group_column` read.
+
+    Args:
+        dataset: the training dataset (a `datasets.Dataset` or `IterableDataset`; None or one without known
+            columns is not checked).
+        reward_funcs: a reward function, a model id, a model, or a list of these, as `GRPOTrainer` takes them.
+        args: the `GRPOConfig`.
+
+    Raises:
+        ValueError: naming the column, the reward function (or `policy_group_column`) that reads it and the
+            dataset's columns; or, with `remove_unused_columns=True`, saying that TRL drops the column.
+    """
+    columns = getattr(dataset, "column_names", None)
+    if dataset is None or columns is None:
+        return
+    funcs = reward_funcs if isinstance(reward_funcs, list) else [] if reward_funcs is None else [reward_funcs]
+    for func in funcs:
+        name = getattr(func, "__name__", type(func).__name__)
+        for column in reward_columns(func):
+            if column not in columns or column in NOT_PASSED_ON:
+                raise ValueError(
+                    f"reward function {name!r} needs the dataset column {column!r}, which the training dataset does "
+                    f"not have (TRL passes each column by name): its columns are {columns}"
+                )
+            if args.remove_unused_columns:
+                raise ValueError(
+                    f"reward function {name!r} reads the dataset column {column!r}, which remove_unused_columns=True "
+                    f"drops before the reward functions see it: set remove_unused_columns=False"
+                )
+    column = getattr(args, "policy_group_column", None)
+    if column is not None and column not in columns:
+        raise ValueError(
+            f"policy_group_column={column!r} is not a column of the training dataset; its columns are {columns}"
+        )
