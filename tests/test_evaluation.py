@@ -70,3 +70,26 @@ def test_adapter_folder_is_merged_into_its_base(tiny_model_dir, tmp_path):
         merged_logits = merged(ids).logits
     assert (adapter_logits - base_logits).abs().max() > 1e-3  # the adapter changes the model...
     torch.testing.assert_close(merged_logits, adapter_logits, atol=1e-5, rtol=1e-5)  # ...and the eval model has it
+
+
+@pytest.mark.parametrize(
+    ("completions", "expected"),
+    [
+        (["The answer is $9{,}500$."] * 3 + ["\\boxed{9}"] * 2, "9500"),  # was "9": all five voted for 9
+        (["The answer is $9{,}500$.", "\\boxed{9\\,500}", "so 9,500", "\\boxed{9}", "\\boxed{9}"], "9500"),  # 3 vs 2
+        (["We have 5 apples, so the total is $$42$$"] * 2 + ["\\boxed{5}"], "42"),  # was "5" (3 votes)
+        (["5 apples, total \\(\\mathbf{42}\\)", "5 apples, total **42**", "\\boxed{5}"], "42"),  # was "5"
+    ],
+)
+def test_majority_answer_reads_numbers_in_latex_and_markdown(completions, expected):
+    assert majority_answer(completions) == expected
+
+
+def test_lenient_accuracy_reads_latex_thousands(monkeypatch):
+    """Greedy completions with the answer only in running text: strict 0/2, lenient 2/2 (was 0/2: "9" and "5")."""
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"q{i}"}], "answer": a} for i, a in
+                                 enumerate(["9500", "42"])])  # fmt: skip
+    greedy = [["The answer is $9{,}500$."], ["We have 5 apples, so the total is $$42$$"]]
+    monkeypatch.setattr(evaluation, "generate", lambda *args, **kwargs: greedy)
+    results = evaluate_gsm8k(None, None, dataset)
+    assert (results["strict_accuracy"], results["lenient_accuracy"]) == (0.0, 1.0)

@@ -269,3 +269,126 @@ def test_real_gsm8k_gold_answers_score_one(gsm8k_dir):
     assert gsm8k_accuracy(with_commas, golds) == [1.0] * 200
     off_by_one = [f"... \\boxed{{{int(gold) + 1}}}" for gold in golds]
     assert gsm8k_accuracy(off_by_one, golds) == [0.0] * 200
+
+
+# Lenient extraction from running text (issue #13): a number touching LaTeX or Markdown, or written with LaTeX
+# thousands separators, is read whole. Every text starts with the distractor "5", the number taken before the fix in
+# most rows, so each row checks both the right answer (1.0) and that the distractor is not taken (0.0 for gold "5").
+# (id, answer text after "We have 5 apples, so the total is ", gold, extracted answer)
+LENIENT = "We have 5 apples, so the total is "
+RUNNING_TEXT = [
+    # math delimiters touching the number
+    ("display_dollars", "$$42$$", "42", "42"),  # was "5"
+    ("display_dollars_spaced", "$$ 42 $$", "42", "42"),
+    ("inline_paren", r"\(42\)", "42", "42"),  # was "5"
+    ("display_bracket", r"\[42\]", "42", "42"),  # was "5"
+    ("inline_dollars", "$42$", "42", "42"),
+    # formatting commands and braces
+    ("fbox", r"\fbox{42}", "42", "42"),  # was "5" (None without the distractor)
+    ("textbf", r"\textbf{42}", "42", "42"),  # was "5"
+    ("mathbf", r"\mathbf{42}", "42", "42"),  # was "5"
+    ("text", r"\text{42}", "42", "42"),  # was "5"
+    ("mathrm", r"\mathrm{42}", "42", "42"),  # was "5"
+    ("bare_braces", "{42}", "42", "42"),  # was "5"
+    ("mathbf_in_inline_paren", r"\(\mathbf{42}\)", "42", "42"),  # was "5"
+    ("escaped_dollar_in_textbf", r"\textbf{\$42}", "42", "42"),  # was "5"
+    # Markdown emphasis and code
+    ("md_bold", "**42**", "42", "42"),  # was "42**"
+    ("md_italic_star", "*42*", "42", "42"),  # was "5"
+    ("md_bold_underscore", "__42__", "42", "42"),  # was "5"
+    ("md_italic_underscore", "_42_", "42", "42"),  # was "5"
+    ("md_code", "`42`", "42", "42"),  # was "5"
+    ("md_bold_escaped_dollar", r"**\$42**", "42", "42"),  # was "5"
+    ("md_bold_dollar", "**$42**", "42", "42"),
+    # escaped currency, percent and LaTeX spacing
+    ("escaped_dollar", r"\$42", "42", "42"),  # was "5"
+    ("escaped_dollar_full_stop", r"\$42.", "42", "42"),  # was "5"
+    ("escaped_percent", r"42\%", "42", "42"),
+    ("thin_space_before", r"\,42", "42", "42"),  # was "5"
+    ("negative_thin_space_around", r"\!42\!", "42", "42"),
+    ("full_stop", "42.", "42", "42"),
+    # punctuation touching the number's start
+    ("parentheses", "(42)", "42", "42"),  # was "5"
+    ("brackets", "[42]", "42", "42"),  # was "5"
+    ("colon", "total:42", "42", "42"),  # was "5"
+    ("answer_colon", "answer:42", "42", "42"),  # was "5"
+    ("curly_quotes", "\u201c42\u201d", "42", "42"),  # was "5"
+    ("hash", "#42", "42", "42"),  # was "5"
+    # numeric fractions, read as a/b
+    ("dfrac", r"\dfrac{1}{2}", "0.5", "1/2"),  # was "5"
+    ("dfrac_inline_dollars", r"$\dfrac{1}{2}$", "0.5", "1/2"),  # was "5"
+    ("frac", r"\frac{1}{2}", "0.5", "1/2"),  # was "5"
+    ("frac_short", r"$\frac12$", "0.5", "1/2"),  # was "5"
+    ("tfrac", r"\tfrac{1}{2}", "0.5", "1/2"),  # was "5"
+    ("negative_frac", r"$-\frac{1}{2}$", "-0.5", "-1/2"),  # was "5"
+    # signs
+    ("negative", "-42", "-42", "-42"),
+    ("negative_inline_dollars", "$-42$", "-42", "-42"),
+    ("negative_inline_paren", r"\(-42\)", "-42", "-42"),  # was "5"
+    ("unicode_minus", "\u221242", "-42", "-42"),  # was "5"
+    # LaTeX operators
+    ("times", r"3 \times 14", "42", "3 * 14"),  # was "14"
+    ("cdot", r"$3 \cdot 14$", "42", "3 * 14"),  # was "14"
+    # a boxed answer inside math delimiters still wins
+    ("boxed_in_inline_dollars", r"$\boxed{42}$", "42", "42"),
+    # thousands separators in running text (part 2)
+    ("latex_comma_group", "$9{,}500$.", "9500", "9500"),  # was "9"
+    ("latex_comma_group_no_math", "9{,}500.", "9500", "9500"),  # was "9"
+    ("thin_space_group", r"$9\,500$.", "9500", "9500"),  # was "9"
+    ("control_space_group", r"$9\ 500$.", "9500", "9500"),  # was "500"
+    ("tie_group", "9~500.", "9500", "9500"),  # was "9"
+    ("narrow_no_break_space_group", "9\u202f500.", "9500", "9500"),  # was "500"
+    ("latex_comma_millions", "$9{,}500{,}000$.", "9500000", "9500000"),  # was "9"
+    ("latex_comma_with_decimals", "$1{,}234.5$.", "1234.5", "1234.5"),  # was "1"
+    ("escaped_dollar_latex_comma", r"\$9{,}500.", "9500", "9500"),  # was "5" (None without the distractor)
+    ("negative_latex_comma", "$-9{,}500$.", "-9500", "-9500"),  # was "-9"
+    ("comma_group", "9,500.", "9500", "9500"),
+    ("comma_millions", "9,500,000.", "9500000", "9500000"),
+    ("comma_with_decimals", "1,234.5.", "1234.5", "1234.5"),
+    ("space_group", "9 500.", "9500", "9500"),  # math-verify's own plain-text rule
+    # lists are not merged into one number
+    ("list_spaced", "3, 4, 6", "6", "6"),
+    ("list_tight", "3,4,6", "6", "6"),  # was "3.4" (read as a decimal comma)
+    ("list_with_group_size_item", "3, 400, 6", "6", "6"),
+    ("list_latex_comma", "3{,}4{,}6", "6", "6"),  # was "3"
+    ("grouped_then_more", "9{,}500 and 6", "6", "6"),
+    # no regressions on plain expressions and subscripts
+    ("expression_with_parentheses", "3*(4+10)", "42", "3*(4+10)"),
+    ("subscript", "x_1 = 42", "42", "42"),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "gold", "extracted"), [row[1:] for row in RUNNING_TEXT], ids=[r[0] for r in RUNNING_TEXT]
+)
+def test_running_text_answer(text, gold, extracted):
+    completion = LENIENT + text
+    assert extract_final_answer(completion, strict=False) == extracted
+    assert gsm8k_accuracy([completion, _conversational(completion)], [gold, gold]) == [1.0, 1.0]
+    assert gsm8k_accuracy([completion], ["5"]) == [0.0]  # the distractor is not the answer
+    assert gsm8k_strict_accuracy([completion], [gold]) == [float("boxed" in text)]
+
+
+@pytest.mark.parametrize(
+    ("completion", "gold"),
+    [
+        ("The total is \\fbox{42}", "42"),  # the issue's examples
+        ("We have 5 apples, so the total is $$42$$", "42"),
+        ("The answer is $9{,}500$.", "9500"),
+    ],
+)
+def test_issue_13_examples(completion, gold):
+    assert gsm8k_accuracy([completion], [gold]) == [1.0]
+
+
+@pytest.mark.parametrize(
+    ("completion", "gold"),
+    [
+        (R + r"\boxed{42", "42"),  # a truncated box is not an answer, whatever LaTeX surrounds it
+        (R + r"$\boxed{\textbf{42}$", "42"),
+        (R + r"\boxed{9{,}500", "9500"),
+    ],
+)
+def test_unclosed_box_in_running_text_is_not_an_answer(completion, gold):
+    assert extract_final_answer(completion) == "72"  # the last number before the unclosed box
+    assert gsm8k_accuracy([completion], [gold]) == [0.0]

@@ -2,7 +2,8 @@
 
 Strict accuracy counts an answer only in the required format (a final `\\boxed{}`); lenient accuracy accepts the
 answer anywhere in the completion. maj@k (Wang et al., self-consistency, arXiv:2203.11171) samples k completions per
-problem and scores the most frequent extracted answer.
+problem and scores the most frequent extracted answer. Lenient accuracy and the vote both read answers with
+`rewards.extract_final_answer`, the extraction behind the lenient reward ("$9{,}500$" is 9500, "\\textbf{42}" is 42).
 """
 
 import json

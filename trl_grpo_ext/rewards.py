@@ -6,7 +6,8 @@ completion content (``None``, empty, 1 MB, binary garbage, unbalanced braces, a 
 such a completion scores 0.0.
 
 Answers are compared with math-verify (``parse`` + ``verify``), as TRL's ``trl/rewards/accuracy_rewards.py`` does;
-this module only locates the final answer (the last ``\boxed{...}``) and normalises thousands separators.
+this module only locates the final answer (the last ``\boxed{...}``, else the last number of the running text once
+LaTeX and Markdown around it are removed, see `_running_text`) and normalises thousands separators.
 
 Sources:
     - GSM8K: Cobbe et al., "Training Verifiers to Solve Math Word Problems", arXiv:2110.14168.
@@ -37,8 +38,28 @@ _VERIFY_TIMEOUT_S = 5
 
 _BOXED = "\\boxed"
 # A thousands separator between digit groups: "," "{,}" "\," "\;" "\:" "\!" "\ " "~", a space, a no-break space
-# or a thin space, as in "1\,234".
-_THOUSANDS_SEP = re.compile(r"(?<=\d)(?:,|\{,\}|\\[,;:! ]|~| |\u00a0|\u202f|\u2009)(?=\d{3}(?!\d))")
+# or a thin space, as in "1\,234". In a boxed answer any of them counts; in running text (see `_running_text`) a plain
+# space does not (math-verify's own plain-text rule reads "9 500" as 9500) and the digit groups must be well formed.
+_SEP = r"(?:,|\{,\}|\\[,;:! ]|~|\u00a0|\u202f|\u2009)"
+_THOUSANDS_SEP = re.compile(rf"(?<=\d)(?:{_SEP}| )(?=\d{{3}}(?!\d))")
+_SEP_RE = re.compile(_SEP)
+# A well-formed grouped number in running text: 1-3 leading digits, then groups of exactly 3 ("9{,}500{,}000").
+_GROUPED_NUMBER = re.compile(rf"(?<![\d.])\d{{1,3}}(?:{_SEP}\d{{3}})+(?!\d)")
+# A comma between digits that is not a thousands separator separates list items ("3,4,5"), never a decimal comma.
+_LIST_COMMA = re.compile(r"(?<=\d),(?=\d)")
+# `_running_text`'s rewrites of LaTeX and Markdown, in order: an unclosed box (truncated generation) and all after
+# it; numeric fractions as "a/b"; operators; "\%" kept as "%"; every other command, control symbol ("\(", "\$",
+# "\,") and delimiter or brace; Markdown bold/italic/code marks; parentheses around a lone number; punctuation
+# touching a number's start (math-verify's plain-text rule wants a space, "=" or "**" before a number).
+_UNCLOSED_BOX = re.compile(r"\\boxed\s*\{.*", re.DOTALL)
+_FRAC = re.compile(r"\\[dt]?frac\s*(?:\{\s*(-?\d+(?:\.\d+)?)\s*\}|(\d))\s*(?:\{\s*(\d+(?:\.\d+)?)\s*\}|(\d))")
+_OPERATORS = {"\\times": "*", "\\cdot": "*", "\\div": "/"}
+_OPERATOR = re.compile(r"\\(?:times|cdot|div)(?![a-zA-Z])")
+_PERCENT = re.compile(r"\\%")
+_MARKUP = re.compile(r"\\[a-zA-Z]+\*?|\\.|[{}$~&`]|\*\*+|__+", re.DOTALL)
+_EMPHASIS = re.compile(r"(?<![\w*])([*_])(?=\S)([^*_\n]*?\S)\1(?![\w*])")
+_PAREN_NUMBER = re.compile(r"[(\[]\s*(-?\d+(?:\.\d+)?)\s*[)\]]")
+_TOUCHING_PUNCT = re.compile(r"(?<=[:;#\"'\u201c\u2018<|])(?=-?\d)")
 # Factorials and powers are never a GSM8K answer, and sympy can take unbounded time on "9!!!" or "9^9^9" (math-verify
 # has no timeout outside the main thread): such an answer is not evaluated.
 _UNBOUNDED = re.compile(r"!|\^")
@@ -130,13 +151,16 @@ def extract_final_answer(text: str, strict: bool = False) -> str | None:
     Args:
         text: the completion text.
         strict: if True only a ``\boxed{...}`` answer counts. If False (lenient) the last complete boxed answer is
-            preferred and, when there is none, math-verify's plain-text extraction is used: a number after
-            "final answer is" / "answer" if present, else the last number (or simple expression such as ``1/2``)
-            in the text, e.g. "It costs $18.00" -> "18.00".
+            preferred and, when there is none, math-verify's plain-text extraction is used on the text rewritten by
+            `_running_text` (LaTeX delimiters, commands, braces and Markdown marks become spaces, LaTeX thousands
+            separators are removed, numeric ``\frac{a}{b}`` becomes ``a/b``): a number after "final answer is" /
+            "answer" if present, else the last number (or simple expression such as ``1/2``) in the text, e.g.
+            "It costs $18.00" -> "18.00", "the total is $$9{,}500$$" -> "9500", "\textbf{42}" -> "42".
 
     Returns:
-        The answer text (e.g. "1,234", "\frac{1}{2}", "18 dollars"; "" for an empty box), or None when no answer
-        is found or ``text`` is not a string. Never raises.
+        The answer text (e.g. "1,234", "\frac{1}{2}", "18 dollars"; "" for an empty box; stripped), or None when
+        no answer is found (an unclosed ``\boxed{`` and what follows it are not searched) or ``text`` is not a
+        string. Never raises.
     """
     if not isinstance(text, str):
         return None
@@ -145,11 +169,32 @@ def extract_final_answer(text: str, strict: bool = False) -> str | None:
     if boxed is not None or strict:
         return boxed
     try:
-        plain = _UNBOUNDED.sub(" ", tail)  # "It is 72!" -> "It is 72 "
+        plain = _UNBOUNDED.sub(" ", _running_text(tail))  # "It is 72!" -> "It is 72 "
         parsed = parse(plain, extraction_config=[_EXPR_CONFIG], parsing_timeout=_timeouts()[0])
     except (Exception, TimeoutException):
         return None
-    return next((p for p in parsed if isinstance(p, str)), None)
+    return next((p.strip() for p in parsed if isinstance(p, str)), None)
+
+
+def _running_text(text: str) -> str:
+    r"""``text`` (a completion without a complete boxed answer) rewritten so that math-verify's plain-text rule sees
+    every number whole and on its own: LaTeX and Markdown around or inside a number become spaces.
+
+    Examples: ``\fbox{42}``, ``$$42$$``, ``\(42\)``, ``\textbf{42}``, ``**42**``, ``(42)``, ``answer:42`` -> 42;
+    ``$9{,}500$``, ``9\,500`` -> 9500; ``\dfrac{1}{2}`` -> ``1/2``; ``3,4,5`` -> 3, 4 and 5 (a list, not 3.4 or
+    345); ``\boxed{18`` (unclosed, a truncated generation) is dropped with all that follows. The one normalization
+    behind the lenient reward, the evaluation's lenient accuracy and its maj@k vote (all via
+    `extract_final_answer`). Never raises.
+    """
+    text = _UNCLOSED_BOX.sub("", text).replace("\u2212", "-")  # U+2212 MINUS SIGN
+    text = _GROUPED_NUMBER.sub(lambda m: _SEP_RE.sub("", m.group()), text)
+    text = _LIST_COMMA.sub(", ", text)
+    text = _FRAC.sub(lambda m: f"{m.group(1) or m.group(2)}/{m.group(3) or m.group(4)} ", text)
+    text = _OPERATOR.sub(lambda m: _OPERATORS[m.group()], text)
+    text = _MARKUP.sub(" ", _PERCENT.sub("%", text))
+    text = _EMPHASIS.sub(r" \2 ", text)
+    text = _PAREN_NUMBER.sub(r" \1 ", text)
+    return _TOUCHING_PUNCT.sub(" ", text)
 
 
 def ascii_digits(text: str) -> str:
