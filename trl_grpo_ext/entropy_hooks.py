@@ -20,13 +20,11 @@ import logging
 import torch
 
 from . import entropy as er
-from .trl_contact import buffered_inputs, metrics, micro_step
+from .trl_contact import buffered_inputs, metrics, micro_step, per_token_logps_and_entropies
 
 logger = logging.getLogger(__name__)
 
 # The batch entries TRL's `_compute_loss` passes on to `_get_per_token_logps_and_entropies` (multimodal inputs).
-_FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
-                 "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")  # fmt: skip
 
 
 def _loss_mask(batch: dict) -> torch.Tensor:
@@ -59,6 +57,7 @@ class EntropyRegHooks:
     _entropy_window = None  # (keys, (K, 2) [entropy sum, token count] per key) over the accumulation window
     _chosen_window = None  # (2,) [tokens Clip-Cov/KL-Cov picked, tokens] over the accumulation window
     _window_start = None  # (optimizer step, micro-step) where the current accumulation window began
+    _window_warned = False  # warned once that a training batch was not TRL's buffered slice
     _entropy_plan = None  # what the micro-batches of the window's part in TRL's buffer share (`_plan_window`)
 
     def _init_entropy_reg(self) -> None:
@@ -168,6 +167,15 @@ class EntropyRegHooks:
         buffered = buffered_inputs(self)
         batches = [buffered[t % self.args.steps_per_generation] for t in range(start, end)]
         if not start <= step < end or batches[step - start] is not inputs:  # not TRL's buffered slice: alone
+            if not self._window_warned:
+                self._window_warned = True
+                logger.warning(
+                    "entropy_reg: the training batch of micro-step %d is not TRL's buffered slice %d (TRL's "
+                    "buffering changed?): Clip-Cov/KL-Cov and the loss terms now act per micro-batch, so the run "
+                    "depends on how a step is split into micro-batches",
+                    step,
+                    step % self.args.steps_per_generation,
+                )
             batches, start = [inputs], step
         plan = self._entropy_plan
         key = (optimizer_step, start - first)
@@ -191,20 +199,18 @@ class EntropyRegHooks:
         nothing from it (TRL's own call overwrites what the policy-group hooks keep)."""
         shift = "advantage" in self.args.entropy_reg
         logps, seen = [], []
-        for batch in batches:
-            input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-            attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-            result = self._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, batch["completion_ids"].size(1), compute_entropy=shift,
-                **{key: batch.get(key) for key in _FORWARD_KEYS},
-            )  # fmt: skip
-            if shift:
-                shifted = er.entropy_advantages(
-                    batch["advantages"], result[1], _loss_mask(batch), self.args.entropy_advantage_coef
-                )
-                batch = {**batch, "advantages": shifted}
-            logps.append(result[0])
-            seen.append(batch)
+        device = batches[0]["completion_ids"].device
+        # Dropout in this pass must not move the random stream that the gradient pass (and a 16x1 run) draws from.
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type):
+            for batch in batches:
+                result = per_token_logps_and_entropies(self, model, batch, compute_entropy=shift)
+                if shift:
+                    shifted = er.entropy_advantages(
+                        batch["advantages"], result[1], _loss_mask(batch), self.args.entropy_advantage_coef
+                    )
+                    batch = {**batch, "advantages": shifted}
+                logps.append(result[0])
+                seen.append(batch)
         return logps, seen
 
     def _choose_tokens(self, logps: list[torch.Tensor], batches: list[dict], before: int) -> list[torch.Tensor]:
@@ -256,11 +262,13 @@ class EntropyRegHooks:
 
     def _clip_cov_generator(self) -> torch.Generator:
         """Clip-Cov's random draw: seeded by the run's seed, the process, the optimizer step (checkpointed) and the
-        part of its window, so a resumed run draws the same tokens, the draw does not depend on how the step is split
-        into micro-batches, and no other random stream moves."""
+        part of its window, named by the tokens of the step before it (a part starts where a generation batch does,
+        whatever the micro-batch size), so a resumed run draws the same tokens, the draw does not depend on how the
+        step is split into micro-batches, and no other random stream moves."""
         plan = self._entropy_plan if self.model.training else None
-        draw = self.state.global_step * 4096 + (0 if plan is None else plan["key"][1])
-        seed = (self.args.seed * 1_000_003 + self.accelerator.process_index * 10_007 + draw) % 2**63
+        part = 0 if plan is None else plan["before"]
+        seed = self.args.seed * 1_000_003 + self.accelerator.process_index * 10_007
+        seed = (seed + self.state.global_step * 1_000_000_007 + part * 7_919) % 2**63
         return torch.Generator().manual_seed(seed)
 
     def _entropy_loss_terms(self, batch, capture) -> torch.Tensor:

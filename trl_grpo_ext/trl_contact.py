@@ -44,25 +44,33 @@ class TRLCompatibilityError(ImportError):
     method or attribute, the installed versions and the supported ones."""
 
 
-# name -> (owner as written against, leading parameters (self first), parameters also needed by name)
+# The keyword arguments of TRL's `_get_per_token_logps_and_entropies` that carry a batch's multimodal fields, passed
+# by name when trl_grpo_ext computes log-probabilities itself (`EntropyRegHooks._window_logps`).
+FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+                "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")  # fmt: skip
+# name -> (owner and the version it was written against, leading parameters (self first), parameters needed by name)
 PRIVATE_METHODS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
-    "_generate_and_score_completions": ("trl GRPOTrainer", ("self", "inputs"), ()),
-    "_calculate_rewards": ("trl GRPOTrainer", ("self", "inputs", "prompts", "completions", "completion_ids_list"), ()),
-    "_get_per_token_logps_and_entropies": (
-        "trl GRPOTrainer",
-        ("self", "model", "input_ids", "attention_mask", "logits_to_keep"),
-        ("compute_entropy",),
+    "_generate_and_score_completions": ("trl 1.16.0 GRPOTrainer", ("self", "inputs"), ()),
+    "_calculate_rewards": (
+        "trl 1.16.0 GRPOTrainer",
+        ("self", "inputs", "prompts", "completions", "completion_ids_list"),
+        (),
     ),
-    "_compute_loss": ("trl GRPOTrainer", ("self", "model", "inputs"), ()),
-    "_generate_single_turn": ("trl GRPOTrainer", ("self", "prompt_ids"), ()),
-    "_get_train_sampler": ("trl GRPOTrainer", ("self", "dataset"), ()),
-    "_save_checkpoint": ("trl GRPOTrainer", ("self", "model", "trial"), ()),
-    "_load_optimizer_and_scheduler": ("trl GRPOTrainer", ("self", "checkpoint"), ()),
-    "_load_rng_state": ("transformers Trainer", ("self", "checkpoint"), ()),
-    "_clip_grad_norm": ("transformers Trainer", ("self", "model"), ()),
+    "_get_per_token_logps_and_entropies": (
+        "trl 1.16.0 GRPOTrainer",
+        ("self", "model", "input_ids", "attention_mask", "logits_to_keep"),
+        ("compute_entropy", *FORWARD_KEYS),
+    ),
+    "_compute_loss": ("trl 1.16.0 GRPOTrainer", ("self", "model", "inputs"), ()),
+    "_generate_single_turn": ("trl 1.16.0 GRPOTrainer", ("self", "prompt_ids"), ()),
+    "_get_train_sampler": ("trl 1.16.0 GRPOTrainer", ("self", "dataset"), ()),
+    "_save_checkpoint": ("trl 1.16.0 GRPOTrainer", ("self", "model", "trial"), ()),
+    "_load_optimizer_and_scheduler": ("trl 1.16.0 GRPOTrainer", ("self", "checkpoint"), ()),
+    "_load_rng_state": ("transformers 5.24.0 Trainer", ("self", "checkpoint"), ()),
+    "_clip_grad_norm": ("transformers 5.24.0 Trainer", ("self", "model"), ()),
     # called, not overridden
-    "_get_grad_norm": ("transformers Trainer", ("self", "model"), ()),
-    "_get_output_dir": ("transformers Trainer", ("self", "trial"), ()),
+    "_get_grad_norm": ("transformers 5.24.0 Trainer", ("self", "model"), ()),
+    "_get_output_dir": ("transformers 5.24.0 Trainer", ("self", "trial"), ()),
 }
 # instance attributes read or written, and the class whose source sets them
 PRIVATE_ATTRIBUTES: dict[str, type] = {
@@ -234,6 +242,17 @@ def grad_norm(trainer: transformers.Trainer, model: torch.nn.Module) -> torch.Te
     return trainer._get_grad_norm(model)
 
 
+def per_token_logps_and_entropies(trainer: TRLGRPOTrainer, model, batch: dict, compute_entropy: bool) -> tuple:
+    """TRL's per-token log-probabilities (B, T) and entropies (B, T) or None of a training `batch`'s completions (its
+    `prompt_ids`/`completion_ids` and masks, and the multimodal `FORWARD_KEYS` it holds), through our hooks."""
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    return trainer._get_per_token_logps_and_entropies(
+        model, input_ids, attention_mask, batch["completion_ids"].size(1), compute_entropy=compute_entropy,
+        **{key: batch.get(key) for key in FORWARD_KEYS},
+    )  # fmt: skip
+
+
 def save_checkpoint(trainer: transformers.Trainer, model: torch.nn.Module) -> None:
     """Write a checkpoint now, as the training loop does at `save_steps`."""
     trainer._save_checkpoint(model, trial=None)
@@ -313,6 +332,12 @@ def compile_config_all_devices():
     config = CompileConfig(mode="default")  # "reduce-overhead" adds CUDA graphs, which exist on CUDA only
     config._compile_all_devices = True
     return config
+
+
+def compiles_in_one_graph(model_class: type) -> bool | None:
+    """transformers' private flag `_can_compile_fullgraph` of a model class (whether its tests compile the forward
+    in one graph); None when this transformers no longer has the flag (then nothing is known)."""
+    return getattr(model_class, "_can_compile_fullgraph", None)
 
 
 _GRAD_HOOK = "make_inputs_require_grads"  # transformers' PreTrainedModel.enable_input_require_grads

@@ -32,7 +32,7 @@ import torch
 from accelerate.utils import DistributedType
 
 from ..config import generation_levers
-from ..trl_contact import drop_repeated_input_grad_hooks, metrics
+from ..trl_contact import compiles_in_one_graph, drop_repeated_input_grad_hooks, metrics
 from .checks import model_setting_problem
 from .lora_merge import GenerationCopy, InplaceMerge, compute_dtype, is_quantized_linear, lora_linears
 from .static_cache import StaticCacheSizer
@@ -176,7 +176,7 @@ class FastGenerationHooks:
             from peft import PeftModel
 
             generator = type(policy.get_base_model() if isinstance(policy, PeftModel) else policy)
-            if not getattr(generator, "_can_compile_fullgraph", True):  # transformers' flag for its own tests
+            if compiles_in_one_graph(generator) is False:
                 logger.warning(
                     "generation_compile=True: transformers does not mark %s as compiling in one graph "
                     "(_can_compile_fullgraph is False), so its decode step may break into several graphs and gain "
