@@ -113,6 +113,17 @@ def test_completion_entropy_bonus_and_advantage_shift():
     assert_close(shifted, torch.tensor([[2.0] * 3, [1.0] * 3]))
 
 
+def test_advantage_shift_leaves_unscored_completions_at_zero():
+    entropies = torch.tensor([[1.0, 3.0], [2.0, 4.0], [5.0, 5.0]])
+    mask = torch.tensor([[1, 1], [1, 1], [0, 0]])  # the third completion is masked as truncated: no tokens
+    scored = torch.tensor([True, False, True])  # every reward function returned None for the second
+    # [0.5 + 0.5*2, TRL's 0 kept, 0.25 + 0.5*0 (no tokens)]: the unscored completion stays exactly 0
+    shifted = er.entropy_advantages(torch.tensor([0.5, 0.0, 0.25]), entropies, mask, 0.5, scored)
+    assert shifted.tolist() == [1.5, 0.0, 0.25]
+    # without the mark it would get 0.5*3 = 1.5 and move the policy (issue #13.3)
+    assert er.entropy_advantages(torch.tensor([0.5, 0.0, 0.25]), entropies, mask, 0.5)[1] == 1.5
+
+
 def test_token_covariance_and_the_two_masks():
     logps = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -1.5, -9.0]])
     advantages = torch.tensor([2.0, -2.0])
@@ -219,8 +230,8 @@ def test_advantage_mode_feeds_trl_the_shifted_advantages(tmp_path, tiny_model_di
     seen = []
     original = er.entropy_advantages
 
-    def spy(advantages, entropies, mask, tau):
-        shifted = original(advantages, entropies, mask, tau)
+    def spy(advantages, entropies, mask, tau, scored=None):
+        shifted = original(advantages, entropies, mask, tau, scored)
         seen.append((advantages.clone(), er.completion_entropy(entropies.detach(), mask), shifted))
         return shifted
 
@@ -354,3 +365,46 @@ def test_two_processes_hold_the_same_controller(tmp_path, tiny_model_dir):
     coefs = [[row["entropy_reg/coef"] for row in rank["logs"] if "entropy_reg/coef" in row] for rank in ranks]
     assert len(coefs[0]) == 3 and coefs[0] == coefs[1]
     assert coefs[0][-1] > 0
+
+
+def _third_unscored(completions, **kwargs) -> list[float | None]:
+    """`length_reward` for two completions in three; None (no reward function can score it) for the others."""
+    return [None if i % 3 == 0 else r for i, r in enumerate(length_reward(completions))]
+
+
+class _LossSpy(GRPOTrainer):
+    """Records, at each loss computation, what TRL's loss sees after our hooks: advantages, the scored mark, the loss
+    mask and Clip-Cov's/KL-Cov's tokens."""
+
+    def hook_get_per_token_logps_and_entropies(self, **kwargs):
+        result = super().hook_get_per_token_logps_and_entropies(**kwargs)
+        batch = self._entropy_batch
+        if batch is not None and kwargs.get("compute_entropy"):
+            chosen = self._entropy_capture[2]
+            self.seen.append((batch["advantages"].clone(), batch["completion_scored"].clone(),
+                              batch["completion_mask"].clone(), chosen))  # fmt: skip
+        return result
+
+
+@pytest.mark.parametrize("modes", [["advantage", "clip_cov"], ["advantage", "kl_cov", "target"]])
+def test_unscored_completions_keep_advantage_zero_and_are_never_chosen(tmp_path, tiny_model_dir, modes):
+    """Issue #13.3: TRL sets the advantage of a completion no reward function scored to exactly 0; the `advantage`
+    mode must not shift it (it added τ·H, +0.35 in the issue's run), and Clip-Cov/KL-Cov must not pick its tokens."""
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=1), entropy_reg=modes, entropy_advantage_coef=0.05,
+                      clip_cov_lb=-1e9, clip_cov_ub=1e9, clip_cov_ratio=0.2, kl_cov_ratio=0.2)  # fmt: skip
+    trainer = _LossSpy(tiny_model_dir, _third_unscored, args, _dataset())
+    trainer.seen = []
+    trainer.train()
+    ((advantages, scored, mask, chosen),) = trainer.seen
+    assert 0 < int((~scored).sum()) < len(scored)  # 8 completions: 3 unscored (0, 3, 6 of the reward call)
+    assert advantages[~scored].tolist() == [0.0] * int((~scored).sum())  # exactly TRL's 0
+    assert (advantages[scored] != trainer._buffered_inputs[0]["advantages"][scored]).all()  # the others are shifted
+    assert int(chosen.sum()) > 0 and not chosen[~scored].any()
+    row = trainer.state.log_history[0]
+    # the fraction is over the scored completions' tokens: int(0.2 * n) of n (KL-Cov: the top ones, all of them)
+    scored_tokens = int(mask[scored].sum())
+    if "kl_cov" in modes:
+        assert row["entropy_reg/penalized_frac"] == pytest.approx(int(0.2 * scored_tokens) / scored_tokens)
+    # the logged mean shift is over the scored completions only (before: diluted by the unscored ones' 0)
+    shift = (advantages - trainer._buffered_inputs[0]["advantages"])[scored]
+    assert row["entropy_reg/advantage_shift"] == pytest.approx(shift.mean().item(), rel=1e-5)

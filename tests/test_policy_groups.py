@@ -386,6 +386,77 @@ def _trainer(tiny_model_dir, tmp_path, reward=task_reward, dataset=None, **overr
                        train_dataset=dataset if dataset is not None else _grouped_dataset())  # fmt: skip
 
 
+def test_loss_weights_have_mean_one_over_the_completions_the_loss_uses():
+    # group weights 2, 1; completions of groups 0, 0, 1, 1; the second is unscored (or masked as truncated):
+    # w = 2, 2, 1, 1, mean over the used ones (2 + 1 + 1) / 3 = 4/3 -> 1.5, 1.5, 0.75, 0.75
+    # (over all four, as before issue #13, the mean 1.5 gave 4/3, 4/3, 2/3, 2/3: the used ones' mean was 8/9)
+    weights, ids = torch.tensor([2.0, 1.0], dtype=D), torch.tensor([0, 0, 1, 1])
+    used = torch.tensor([True, False, True, True])
+    assert_close(pg.loss_weights(weights, ids, used), torch.tensor([1.5, 1.5, 0.75, 0.75], dtype=D))
+    assert_close(pg.loss_weights(weights, ids), torch.tensor([4 / 3, 4 / 3, 2 / 3, 2 / 3], dtype=D))
+
+
+def test_unscored_completions_keep_advantage_zero_and_counts_stay_counts(tiny_model_dir, tmp_path):
+    """Issue #13.3 and 6a: with the policy-group baseline, loss weighting and the entropy `advantage` shift, a
+    completion no reward function scored still reaches TRL's loss with advantage exactly 0; with logging_steps=2,
+    `count` (prompts seen) and `nan_rewards` are the totals at the logged step, not the mean of two totals."""
+
+    def sometimes_none(completions, task, **kwargs):
+        lengths = [len(c[0]["content"]) for c in completions]
+        return [None if t == "addition" else float(n % 3) for n, t in zip(lengths, task, strict=True)]
+
+    seen = []
+
+    class Spy(GRPOTrainer):
+        def hook_get_per_token_logps_and_entropies(self, **kwargs):
+            result = super().hook_get_per_token_logps_and_entropies(**kwargs)
+            if self._entropy_batch is not None and kwargs.get("compute_entropy"):
+                seen.append((self._entropy_batch["advantages"].clone(), self._entropy_batch["completion_scored"]))
+            return result
+
+    rows = to_grpo_rows(synthetic_gsm8k(24, seed=5))
+    for i, row in enumerate(rows):
+        row["task"] = "addition" if i % 2 else "multiplication"
+    settings = {"policy_group_column": "task", "policy_group_min_size": 2, "policy_group_update_steps": 1,
+                "advantage_baseline": "policy_group", "policy_group_loss_weighting": True,
+                "entropy_reg": "advantage", "entropy_advantage_coef": 0.05, "logging_steps": 2}  # fmt: skip
+    args = GRPOConfig(**{**small_grpo_kwargs(tmp_path, max_steps=2, per_device_train_batch_size=12), **settings})
+    trainer = Spy(tiny_model_dir, [sometimes_none], args, Dataset.from_list(rows))
+    trainer.train()
+    assert len(seen) == 2
+    for advantages, scored in seen:
+        assert (~scored).any()
+        assert advantages[~scored].tolist() == [0.0] * int((~scored).sum())
+    state = trainer.policy_groups
+    (logged,) = [row for row in trainer.state.log_history if "loss" in row]
+    counts = {name: logged[f"policy_groups/{name}/count"] for name in state.names}
+    # 3 prompts a step, 2 steps: 6 prompts seen at step 2 (the mean of the totals 3 and 6 summed to 4.5 before)
+    assert counts == {name: float(state.prompts_seen[i]) for i, name in enumerate(state.names)}
+    assert sum(counts.values()) == 6.0 and all(c == int(c) for c in counts.values())
+    assert logged["policy_groups/nan_rewards"] == float(state.nan_rewards) == 4.0 * counts["addition"]
+
+
+def test_policy_group_entropy_is_trls_entropy_with_truncated_completions_masked(tiny_model_dir, tmp_path):
+    """Issue #13.4: with `mask_truncated_completions` a truncated completion has no tokens in TRL's loss mask; the
+    group's entropy must be TRL's `entropy` metric (a token mean over that mask), not diluted by 0s for the masked
+    completions, and its mean length that of the completions left in (TRL's mean terminated length)."""
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=1), mask_truncated_completions=True,
+                      remove_unused_columns=False)  # fmt: skip
+    dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(16, seed=0)))
+    trainer = GRPOTrainer(tiny_model_dir, [_length_reward], args, dataset, policy_group_fn=lambda row: "all")
+    trainer.train()
+    masked = int((trainer._buffered_inputs[0]["completion_mask"].sum(1) == 0).sum())
+    assert 0 < masked < 8  # 7 of the 8 completions reach max_completion_length on the random tiny model
+    row = trainer.state.log_history[0]
+    # one group, one micro-batch: the group's first entropy is TRL's (6.22 nats; 6.22 / 8 = 0.78 before the fix)
+    assert float(trainer.policy_groups.ema["entropy"][0]) == pytest.approx(row["entropy"], rel=1e-6)
+    assert float(trainer.policy_groups.ema["length"][0]) == pytest.approx(row["completions/mean_terminated_length"])
+
+
+def _length_reward(completions, **kwargs) -> list[float]:
+    return [(len(c[0]["content"]) % 5) / 5 for c in completions]
+
+
 def test_evaluation_reports_unseen_groups_as_unassigned(tiny_model_dir, tmp_path):
     trainer = _trainer(tiny_model_dir, tmp_path)
     rows = to_grpo_rows(synthetic_gsm8k(8, seed=9))

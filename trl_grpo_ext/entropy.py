@@ -26,13 +26,18 @@ def entropy_bonus(entropies: torch.Tensor, mask: torch.Tensor, coef: torch.Tenso
     return (coef[:, None].to(entropies.dtype) * entropies * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def entropy_advantages(advantages: torch.Tensor, entropies: torch.Tensor, mask: torch.Tensor, tau: float):
+def entropy_advantages(advantages: torch.Tensor, entropies: torch.Tensor, mask: torch.Tensor, tau: float,
+                       scored: torch.Tensor | None = None):  # fmt: skip
     """A_i + τ·H_i with H_i the completion's mean token entropy, detached: the entropy-regularized relative reward.
 
     A related shaping, with a clip at |A|/κ, is the entropy-based advantage of Cheng et al. 2025, arXiv:2506.14758.
-    `advantages` is (B,) or (B, T); returns the same shape.
+    `advantages` is (B,) or (B, T); returns the same shape. `scored` (B,) bool: completions some reward function
+    scored; the others keep their advantage as it is (TRL sets it to exactly 0 so that they do not move the policy).
+    A completion without tokens in `mask` (masked as truncated) gets no shift either.
     """
     bonus = tau * completion_entropy(entropies.detach(), mask)  # (B,)
+    if scored is not None:
+        bonus = torch.where(scored, bonus, torch.zeros_like(bonus))
     return advantages + (bonus if advantages.dim() == 1 else bonus[:, None]).to(advantages.dtype)
 
 

@@ -9,6 +9,12 @@ advantages (`advantage`), or detaches the log-probabilities of Clip-Cov's tokens
 loss (the `target` bonus, KL-Cov's penalty) are token means over the whole optimizer step (all its micro-batches and
 processes), as TRL's `dapo` loss is a token sum over it.
 
+Completions TRL leaves out stay out. One that no reward function scored (all None) has advantage exactly 0 in TRL:
+`advantage` does not shift it, and Clip-Cov/KL-Cov neither choose its tokens nor count them in the covariance's means
+(we mark them in the batch, `SCORED`). One masked as truncated (`mask_truncated_completions`) has no token in TRL's
+loss mask (`trl_contact.loss_mask`), which every term and statistic here uses, as TRL's `entropy` metric and entropy
+bonus do (so the `target` bonus and its measurement include unscored completions, as TRL's bonus does).
+
 Split invariance (issue #12): nothing depends on how an optimizer step is split between `per_device_train_batch_size`
 and `gradient_accumulation_steps`. The controllers are updated once per optimizer step from the sums of its whole
 accumulation window; Clip-Cov's and KL-Cov's tokens are chosen once for the window, `clip_cov_ratio` / `kl_cov_ratio`
@@ -20,16 +26,27 @@ import logging
 import torch
 
 from . import entropy as er
-from .trl_contact import buffered_inputs, metrics, micro_step, per_token_logps_and_entropies
+from .trl_contact import buffered_inputs, loss_mask, metrics, micro_step, per_token_logps_and_entropies
 
 logger = logging.getLogger(__name__)
 
-# The batch entries TRL's `_compute_loss` passes on to `_get_per_token_logps_and_entropies` (multimodal inputs).
+SCORED = "completion_scored"  # the batch entry (B,) bool we add: some reward function scored the completion
 
 
-def _loss_mask(batch: dict) -> torch.Tensor:
-    """(B, T) the completion tokens TRL's loss counts: `completion_mask`, times `tool_mask` when there is one."""
-    return batch["completion_mask"] if "tool_mask" not in batch else batch["completion_mask"] * batch["tool_mask"]
+def _scored(batch: dict) -> torch.Tensor:
+    """(B,) bool: completions some reward function scored. TRL sets the advantage of the others (every reward None)
+    to exactly 0, so that they do not move the policy; a batch without the entry (a checkpoint from before it) counts
+    all as scored."""
+    scored = batch.get(SCORED)
+    return torch.ones(len(batch["completion_mask"]), dtype=torch.bool, device=batch["completion_mask"].device) \
+        if scored is None else scored  # fmt: skip
+
+
+def _advantage_mask(batch: dict) -> torch.Tensor:
+    """(B, T) the tokens whose advantage TRL's loss uses: `loss_mask` of the scored completions. Clip-Cov's and
+    KL-Cov's covariance of log-probability and advantage is taken over these (an unscored completion's advantage is
+    not a measured one)."""
+    return loss_mask(batch) * _scored(batch)[:, None].to(batch["completion_mask"].dtype)
 
 
 class EntropyRegState:
@@ -59,6 +76,7 @@ class EntropyRegHooks:
     _window_start = None  # (optimizer step, micro-step) where the current accumulation window began
     _window_warned = False  # warned once that a training batch was not TRL's buffered slice
     _entropy_plan = None  # what the micro-batches of the window's part in TRL's buffer share (`_plan_window`)
+    _entropy_scored = None  # (N,) bool over all processes: the last scored batch's completions some reward scored
 
     def _init_entropy_reg(self) -> None:
         """Called at the end of `GRPOTrainer.__init__`.
@@ -102,6 +120,20 @@ class EntropyRegHooks:
             parents[name] = {old_names[i]: float(c) for i, c in zip(ids.tolist(), counts.tolist(), strict=True)}
         controller.regroup(parents)
 
+    def hook_calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super().hook_calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self.entropy_reg_state is not None:  # (N,) over all processes, as TRL's `unscorable_mask`
+            self._entropy_scored = ~torch.isnan(rewards_per_func).all(dim=1)
+        return rewards_per_func
+
+    def hook_generate_and_score_completions(self, inputs):
+        output = super().hook_generate_and_score_completions(inputs)
+        if self.entropy_reg_state is not None:
+            size = len(output["advantages"])
+            start = self.accelerator.process_index * size
+            output[SCORED] = self._entropy_scored[start : start + size].to(output["completion_mask"].device)
+        return output
+
     def hook_compute_loss(self, model, inputs):
         if self.entropy_reg_state is None:
             return super().hook_compute_loss(model, inputs)
@@ -122,12 +154,18 @@ class EntropyRegHooks:
             return result
         modes = self.args.entropy_reg
         logps, entropies = result[0], result[1]  # (B, T) each
-        mask = _loss_mask(batch)
+        mask = loss_mask(batch)
         if "advantage" in modes:
-            shifted = er.entropy_advantages(batch["advantages"], entropies, mask, self.args.entropy_advantage_coef)
-            shift = self.accelerator.gather((shifted - batch["advantages"]).float().reshape(len(shifted), -1)[:, 0])
+            scored = _scored(batch)
+            shifted = er.entropy_advantages(
+                batch["advantages"], entropies, mask, self.args.entropy_advantage_coef, scored
+            )
+            # the mean shift over the completions TRL's loss uses: scored, with tokens (not masked as truncated)
+            shift = (shifted - batch["advantages"]).float().reshape(len(shifted), -1)[:, 0]
+            used = (scored & (mask.sum(1) > 0)).float()
+            totals = self.accelerator.reduce(torch.stack([(shift * used).sum(), used.sum()]), reduction="sum")
             metrics(self, "train" if self.model.training else "eval")["entropy_reg/advantage_shift"].append(
-                shift.mean().item()
+                (totals[0] / totals[1]).item() if totals[1] > 0 else float("nan")
             )
             batch["advantages"] = shifted
         chosen = None
@@ -180,12 +218,15 @@ class EntropyRegHooks:
         plan = self._entropy_plan
         key = (optimizer_step, start - first)
         if plan is None or plan["key"] != key:
-            before = plan["before"] + plan["tokens"] if plan is not None and plan["key"][0] == optimizer_step else 0
-            tokens = sum(int(_loss_mask(batch).sum()) for batch in batches)
+            same_step = plan is not None and plan["key"][0] == optimizer_step
+            before = plan["before"] + plan["picked_from"] if same_step else 0
+            tokens = sum(int(loss_mask(batch).sum()) for batch in batches)
+            picked_from = sum(int(_advantage_mask(batch).sum()) for batch in batches)
             device = inputs["completion_mask"].device
             total = self.accelerator.reduce(torch.tensor(float(tokens), device=device), reduction="sum").item()
             normalizer = total * size / len(batches) / self.accelerator.num_processes
-            plan = {"key": key, "before": before, "tokens": tokens, "normalizer": max(normalizer, 1.0), "chosen": None}
+            plan = {"key": key, "before": before, "picked_from": picked_from, "normalizer": max(normalizer, 1.0),
+                    "chosen": None}  # fmt: skip
             self._entropy_plan = plan
             if len(batches) > 1 and {"clip_cov", "kl_cov"} & set(self.args.entropy_reg):
                 plan["chosen"] = self._choose_tokens(*self._window_logps(model, batches), before)
@@ -206,8 +247,9 @@ class EntropyRegHooks:
                 result = per_token_logps_and_entropies(self, model, batch, compute_entropy=shift)
                 if shift:
                     shifted = er.entropy_advantages(
-                        batch["advantages"], result[1], _loss_mask(batch), self.args.entropy_advantage_coef
-                    )
+                        batch["advantages"], result[1], loss_mask(batch), self.args.entropy_advantage_coef,
+                        _scored(batch),
+                    )  # fmt: skip
                     batch = {**batch, "advantages": shifted}
                 logps.append(result[0])
                 seen.append(batch)
@@ -217,9 +259,11 @@ class EntropyRegHooks:
         """Clip-Cov's or KL-Cov's tokens (B_j, T) in each of `batches`, chosen over all of them at once: the covariance
         (`entropy.token_covariance`) of the policy's log-probabilities `logps` (B_j, T) and the batches' advantages,
         centred by their means over all of them and all processes; `entropy.window_token_count` tokens, after `before`
-        tokens of the same optimizer step. The draw and the ranking see the tokens in the same order however the
-        batches are split, so the choice is that of one batch holding them all."""
-        masks = [_loss_mask(batch) for batch in batches]
+        tokens of the same optimizer step. Only tokens of scored completions (`_advantage_mask`) are counted, centred
+        over and chosen: an unscored completion's advantage is TRL's 0, not a measurement. The draw and the ranking
+        see the tokens in the same order however the batches are split, so the choice is that of one batch holding
+        them all."""
+        masks = [_advantage_mask(batch) for batch in batches]
         mask, all_logps = torch.cat(masks), torch.cat(logps)  # (R, T), R = Σ B_j
         advantages = torch.cat([batch["advantages"] for batch in batches])  # (R,) or (R, T)
         cov = er.token_covariance(all_logps, advantages, self._global_means(all_logps, advantages, mask))
@@ -276,7 +320,7 @@ class EntropyRegHooks:
         token mean over the optimizer step (`_window_share`), with metrics and, at the end of an accumulation window
         in training, the controller update."""
         logps, entropies, chosen = capture
-        mask = _loss_mask(batch)
+        mask = loss_mask(batch)
         training = self.model.training
         mode = "train" if training else "eval"
         share = self._window_share(mask) if training else 1.0
@@ -287,7 +331,7 @@ class EntropyRegHooks:
             old = logps.detach() if old is None else old
             extra = extra + er.kl_cov_penalty(logps, old, chosen, mask, self.args.kl_cov_coef) * share
         if chosen is not None:
-            counts = torch.stack([chosen.sum(), mask.sum()]).float()
+            counts = torch.stack([chosen.sum(), _advantage_mask(batch).sum()]).float()
             if training:  # one value per optimizer step, over its window
                 window = self._chosen_window
                 counts = self._chosen_window = counts if window is None else window + counts

@@ -20,7 +20,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .grad_reg import AdaptiveKL, GradRegState, ZClip, adaptive_clip_, agc_applies, per_token_kl
 from .resume import checkpoint_problem
-from .trl_contact import grad_norm, metrics, output_dir, save_checkpoint
+from .trl_contact import grad_norm, log_total, metrics, output_dir, save_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class GradRegHooks:
         train_metrics["grad_reg/clipped"].append(float(norm > bound))
         if z is not None:
             train_metrics["grad_reg/z"].append(z)
-        train_metrics["grad_reg/skipped_steps"].append(float(self.grad_reg_state.skipped))
+        log_total(self, "train", "grad_reg/skipped_steps", float(self.grad_reg_state.skipped))
         if units is not None:
             train_metrics["grad_reg/agc_clipped_frac"].append(units[0] / max(units[1], 1))
 
@@ -128,7 +128,7 @@ class GradRegHooks:
         state, args, step = self.grad_reg_state, self.args, self.state.global_step
         state.skipped += 1
         state.consecutive_skips += 1
-        metrics(self, "train")["grad_reg/skipped_steps"].append(float(state.skipped))
+        log_total(self, "train", "grad_reg/skipped_steps", float(state.skipped))
         logger.warning(
             "grad_reg: gradient norm %s at step %d: optimizer step skipped (%d in a row, %d in all)",
             norm, step, state.consecutive_skips, state.skipped,

@@ -12,7 +12,7 @@ from . import grouping
 from . import policy_groups as pg
 from .grouping import ROW_COLUMN
 from .policy_group_state import PolicyGroupState
-from .trl_contact import metrics
+from .trl_contact import log_total, loss_mask, metrics
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +168,10 @@ class PolicyGroupHooks:
         args, state = self.args, self.policy_groups
         rewards_per_func, rows = (t.cpu() for t in self._policy_group_batch)  # (N, F), (N,)
         rewards = self._total_rewards(rewards_per_func)  # (N,)
-        lengths = self.accelerator.gather(output["completion_mask"].sum(dim=1)).cpu()  # (N,) tokens
+        # (N,) tokens of TRL's loss mask (model tokens, as TRL's completion lengths); a completion masked as truncated
+        # (`mask_truncated_completions`) has none and is left out of the statistics, as out of TRL's loss
+        lengths = self.accelerator.gather(loss_mask(output).sum(dim=1)).cpu().double()
+        lengths[lengths == 0] = torch.nan
         state.observe(rows[:: self.num_generations], rewards, lengths, self.num_generations, args.policy_group_ema,
                       args.policy_group_progress_halflife)  # fmt: skip
         step = self.state.global_step
@@ -184,11 +187,14 @@ class PolicyGroupHooks:
             global_advantages = pg.policy_group_advantages(rewards, group_ids, state.num_groups, scale)
             advantages = global_advantages[local].to(advantages)
         if args.policy_group_loss_weighting:
-            advantages = advantages * pg.loss_weights(state.weights, group_ids)[local].to(advantages)
+            used = ~torch.isnan(rewards) & ~torch.isnan(lengths)  # (N,) completions TRL's policy loss uses
+            advantages = advantages * pg.loss_weights(state.weights, group_ids, used)[local].to(advantages)
         output["advantages"] = advantages
         output["policy_group_ids"] = group_ids[local].to(output["completion_mask"].device)
         for key, value in state.metrics().items():
             metrics(self, "train")[key].append(value)
+        for key, value in state.totals().items():
+            log_total(self, "train", key, value)
 
     def _maybe_regroup(self, step: int) -> None:
         args, state = self.args, self.policy_groups
@@ -247,17 +253,18 @@ class PolicyGroupHooks:
         return loss
 
     def _observe_policy_group_entropy(self, entropies: torch.Tensor, inputs: dict) -> None:
-        """Add this micro-batch's per-group sums of completion mean entropy (nats per token, from `entropies` (B, T))
-        to the accumulation window; at its end, sum over processes and fold the window's per-group means into the
-        EMA, once per optimizer step however the step is split into micro-batches. A window whose groups changed
-        midway (a regroup at a generation batch inside it) starts anew."""
-        mask = inputs["completion_mask"]
-        per_completion = ((entropies * mask).sum(1) / mask.sum(1).clamp(min=1)).double()  # (B,) nats per token
+        """Add this micro-batch's per-group sums of token entropy and tokens (from `entropies` (B, T), nats) to the
+        accumulation window; at its end, sum over processes and fold the window's per-group mean token entropy into
+        the EMA, once per optimizer step however the step is split into micro-batches. The tokens are those of TRL's
+        `entropy` metric (`loss_mask`: a completion masked as truncated has none), so with one group the measurement
+        is TRL's `entropy` over the step. A window whose groups changed midway (a regroup at a generation batch
+        inside it) starts anew."""
+        mask = loss_mask(inputs).double()  # (B, T)
         names, k = list(self.policy_groups.names), self.policy_groups.num_groups
         ids = inputs["policy_group_ids"]  # set after any regroup of this generation batch, so still valid
-        sums = torch.zeros(2, k, dtype=torch.float64, device=mask.device)  # (2, K) [entropy sum, completions]
-        sums[0].index_add_(0, ids, per_completion)
-        sums[1].index_add_(0, ids, torch.ones_like(per_completion))
+        sums = torch.zeros(2, k, dtype=torch.float64, device=mask.device)  # (2, K) [entropy sum, tokens]
+        sums[0].index_add_(0, ids, (entropies.double() * mask).sum(1))
+        sums[1].index_add_(0, ids, mask.sum(1))
         window = self._policy_group_entropy_window
         self._policy_group_entropy_window = (names, sums if window is None or window[0] != names else window[1] + sums)
         if not self.accelerator.sync_gradients:

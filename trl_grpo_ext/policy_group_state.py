@@ -250,8 +250,9 @@ class PolicyGroupState:
         vars(self).update(state)
 
     def metrics(self) -> dict[str, float]:
-        """`policy_groups/<name>/{weight,reward,reward_std,zero_std_frac,entropy,count,progress_z}`; count = prompts
-        seen, progress_z = the learning progress z-score since the group's start (`_progress_z`)."""
+        """`policy_groups/<name>/{weight,reward,reward_std,zero_std_frac,entropy,progress_z}` of this step, averaged
+        over the steps since the last log; progress_z = the learning progress z-score since the group's start
+        (`_progress_z`)."""
         out = {}
         progress_z = self._progress_z()
         for i, name in enumerate(self.names):
@@ -259,8 +260,15 @@ class PolicyGroupState:
             for stat in ("reward", "reward_std", "zero_std_frac", "entropy"):
                 if self.has_ema[stat][i]:
                     out[f"policy_groups/{name}/{stat}"] = float(self.ema[stat][i])
-            out[f"policy_groups/{name}/count"] = float(self.prompts_seen[i])
             if self.has_ema["progress_recent"][i]:
                 out[f"policy_groups/{name}/progress_z"] = float(progress_z[i])
+        return out
+
+    def totals(self) -> dict[str, float]:
+        """Running totals, logged as their value at the last step (`trl_contact.log_total`, not averaged):
+        `policy_groups/<name>/count`, the prompts of the group seen since the start (after a split or merge, a group
+        takes its parents' counts in proportion to the rows it took), and `policy_groups/nan_rewards`, the
+        completions no reward function scored."""
+        out = {f"policy_groups/{name}/count": float(self.prompts_seen[i]) for i, name in enumerate(self.names)}
         out["policy_groups/nan_rewards"] = float(self.nan_rewards)
         return out

@@ -177,7 +177,11 @@ def policy_group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, num_
     return torch.nan_to_num(advantages, nan=0.0).to(rewards.dtype)
 
 
-def loss_weights(group_weights: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """Each completion's group weight (N,), rescaled to mean 1 over the batch so the loss scale is unchanged."""
+def loss_weights(group_weights: torch.Tensor, group_ids: torch.Tensor, used: torch.Tensor | None = None):
+    """Each completion's group weight (N,), rescaled to mean 1 over the completions the loss uses, `used` (N,) bool
+    (all if None; TRL's loss leaves out unscored completions, whose advantage is 0, and those masked as truncated),
+    so the loss scale is unchanged. With no completion used the weights are the group weights as they are."""
     w = group_weights[group_ids]
+    if used is not None:
+        return w / w[used].mean() if used.any() else w
     return w / w.mean()

@@ -221,6 +221,20 @@ def metrics(trainer: TRLGRPOTrainer, mode: str) -> dict[str, list]:
     return trainer._metrics[mode]
 
 
+def log_total(trainer: TRLGRPOTrainer, mode: str, name: str, value: float) -> None:
+    """Log the running total `name` (a count since the start). TRL logs the mean of each metric's values since the
+    last log; the newest value is kept as the only one, so with `logging_steps > 1` the logged value is the total at
+    the last step, not the mean of the totals since the last log (0.5 for a total that went from 0 to 1)."""
+    metrics(trainer, mode)[name][:] = [value]
+
+
+def loss_mask(batch: dict) -> torch.Tensor:
+    """(B, T) the completion tokens of TRL's batch that its loss counts: `completion_mask`, times `tool_mask` when
+    there is one. It is the mask of TRL's `entropy` metric and entropy bonus; with `mask_truncated_completions` a
+    truncated completion has no token in it (TRL zeroes both masks)."""
+    return batch["completion_mask"] if "tool_mask" not in batch else batch["completion_mask"] * batch["tool_mask"]
+
+
 def micro_step(trainer: TRLGRPOTrainer) -> int:
     """TRL's count of training micro-steps (forward-backward passes) since the start, checkpointed by us."""
     return trainer._step
