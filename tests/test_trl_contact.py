@@ -130,6 +130,7 @@ def test_private_methods_are_overridden_in_trl_contact_only():
 PRIVATE_READS = (
     "._step", "._buffered_inputs", "._metrics", "._tr_loss", "._globalstep_last_logged", "._get_output_dir",
     "._get_grad_norm", "._save_checkpoint", "._forward_hooks", "._compile_all_devices", "._tag_names",
+    "._memory_tracker",
 )  # fmt: skip
 
 
