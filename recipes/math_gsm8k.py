@@ -9,7 +9,8 @@ Launch (any `GRPOConfig`, `ModelConfig` or script field can be overridden on the
 Data: the Hub dataset `openai/gsm8k` (config `main`) by default; `--dataset_path DIR` reads GSM8K-format
 `train.jsonl` / `test.jsonl` from a local folder; `--synthetic_problems N` uses N seeded generated problems instead
 (the CPU demo). After training, the model is evaluated on `--eval_limit` test problems (greedy pass@1, strict and
-lenient) and `eval_results.json` is written to `output_dir`.
+lenient) and `eval_results.json` is written to `output_dir`. Relaunching a finished run with
+`--resume_from_checkpoint true` (a requeued job) trains, saves and evaluates nothing and says the run is complete.
 """
 
 import sys
@@ -138,6 +139,10 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
     trainer.remove_callback(ProgressCallback)
     resume = training_args.resume_from_checkpoint
     trainer.train(resume_from_checkpoint=True if str(resume).lower() == "true" else resume)
+    if trainer.run_already_complete:  # a finished job relaunched: its saved model and evaluation stay as they are
+        print(f"Run already complete at step {trainer.state.global_step}: nothing saved or evaluated")
+        trainer.end()
+        return {}
     trainer.save_model(training_args.output_dir)
 
     results = {}

@@ -132,6 +132,15 @@ def launch_phase(config: dict, model_dir: str, output_dir: str, num_processes: i
     return [torch.load(f"{out_file}.rank{rank}", weights_only=False) for rank in range(num_processes)]
 
 
+def start_phase(config: dict, model_dir: str, output_dir: str) -> subprocess.Popen:
+    """`run_phase` in a new Python process (no accelerate), started and not waited for; its output goes to
+    `<output_dir>.log`, its record to `<output_dir>.record.rank0`."""
+    job = {**config, "model_dir": model_dir, "output_dir": output_dir, "resume_from": None}
+    cmd = [sys.executable, "-m", "tests.resume_check", json.dumps(job), "full", f"{output_dir}.record"]
+    with open(f"{output_dir}.log", "w") as log:
+        return subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+
 GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
 
 

@@ -1,16 +1,29 @@
 """Exact resume: resumed == uninterrupted (metrics at every step, prompts seen, parameters) in every configuration,
-and a crash while saving never leaves a checkpoint that resume picks and then fails on."""
+a crash while saving never leaves a checkpoint that resume picks and then fails on, a killed process resumes to
+exactly `max_steps`, and resuming a finished run changes nothing."""
 
 import json
 import logging
+import math
+import random
+import signal
+import time
+from pathlib import Path
 
 import pytest
+import torch
 from transformers.trainer_utils import get_last_checkpoint
 from trl.trainer.utils import RepeatSampler
 
 import trl_grpo_ext.trainer
-from tests.resume_check import TIMING_KEYS, build_trainer, check_resume, compare, run_phase
-from trl_grpo_ext.resume import MANIFEST_NAME, EpochSeededSampler, checkpoint_problem, write_manifest
+from tests.resume_check import TIMING_KEYS, build_trainer, check_resume, compare, run_phase, start_phase
+from trl_grpo_ext.resume import (
+    MANIFEST_NAME,
+    EpochSeededSampler,
+    checkpoint_problem,
+    last_complete_checkpoint,
+    write_manifest,
+)
 
 CONFIGS = {
     "default": {},
@@ -104,6 +117,85 @@ def test_truncated_checkpoint_file_is_skipped_and_named(tmp_path, tiny_model_dir
         trainer.train(resume_from_checkpoint=True)
     assert "Skipping incomplete checkpoint" in caplog.text and "checkpoint-3" in caplog.text
     assert trainer.state.global_step == 7
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, bytes] | None]:
+    """Every file (modification time in ns, contents) and every folder (None) under `folder`, by relative path."""
+    return {
+        str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.read_bytes()) if p.is_file() else None
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+FINISHED_RUNS = {
+    "max_steps": ({}, True, 6, "max_steps=6"),
+    "max_steps, checkpoint path": ({}, "checkpoint-6", 6, "max_steps=6"),
+    # 2 steps an epoch: the run ends in the middle of epoch 3, where transformers would train step 6
+    "num_train_epochs": ({"max_steps": -1, "num_train_epochs": 2.5, "save_steps": 5}, True, 5, "num_train_epochs=2.5"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("config", "resume", "last_step", "bound"), FINISHED_RUNS.values(), ids=FINISHED_RUNS.keys())
+def test_resuming_a_finished_run_changes_nothing(tmp_path, tiny_model_dir, caplog, config, resume, last_step, bound):
+    """A finished job relaunched (`train(resume_from_checkpoint=...)` on its last checkpoint): stock TRL trains one
+    step past the end and overwrites the final checkpoint; here nothing is trained or written, and a warning says so.
+    """
+    out = tmp_path / "run"
+    finished = run_phase(config, tiny_model_dir, str(out))
+    last = out / f"checkpoint-{last_step}"
+    assert last_complete_checkpoint(str(out))[0] == str(last)
+    before = _snapshot(out)
+
+    trainer, reward = build_trainer(config, tiny_model_dir, str(out))
+    with caplog.at_level(logging.WARNING, logger="trl_grpo_ext.trainer"):
+        output = trainer.train(resume_from_checkpoint=str(out / resume) if isinstance(resume, str) else resume)
+    assert f"Run already complete at step {last_step} ({bound}" in caplog.text
+    assert "nothing to train" in caplog.text and str(last) in caplog.text
+    assert trainer.run_already_complete
+    assert output.global_step == trainer.state.global_step == last_step and math.isnan(output.training_loss)
+    assert output.metrics["train_loss"] != output.metrics["train_loss"]  # nan: no step ran
+    assert _snapshot(out) == before  # no file written, touched or removed, no checkpoint-<last_step + 1>
+    assert reward.calls == []  # nothing generated
+    assert trainer.state.log_history == json.loads((last / "trainer_state.json").read_text())["log_history"]
+    # The model holds the finished run's weights, so a script that saves it after train() saves the final model.
+    for name, param in trainer.model.named_parameters():
+        torch.testing.assert_close(param.detach().float(), finished["params"][name], rtol=0, atol=0)
+
+    trainer, _ = build_trainer({**config, "max_steps": last_step + 1}, tiny_model_dir, str(out))
+    trainer.train(resume_from_checkpoint=True)  # a longer run goes on from the same checkpoint
+    assert not trainer.run_already_complete and trainer.state.global_step == last_step + 1
+
+
+@pytest.mark.parametrize("seed", [0])
+def test_killed_process_resumes_to_exactly_max_steps(tmp_path, tiny_model_dir, seed):
+    """SIGKILL a real training process (a checkpoint every step) at a seeded random moment once a checkpoint is
+    complete (in the next step or its save); another process resumes to exactly max_steps, as the uninterrupted run."""
+    config = {"save_steps": 1, "max_steps": 4}
+    out = tmp_path / "killed"
+    rng = random.Random(seed)
+    kill_after, delay = rng.randint(1, 2), rng.uniform(0.0, 0.5)  # checkpoint-<kill_after> of 4, then seconds
+    complete = out / f"checkpoint-{kill_after}" / MANIFEST_NAME
+    proc = start_phase(config, tiny_model_dir, str(out))
+    try:
+        deadline = time.monotonic() + 120
+        while not complete.is_file() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, Path(f"{out}.log").read_text()[-3000:]
+    path, _ = last_complete_checkpoint(str(out))
+    resume_step = int(path.rpartition("-")[2])
+    assert kill_after <= resume_step < 4, path
+
+    reference = run_phase(config, tiny_model_dir, str(tmp_path / "reference"))
+    resumed = run_phase(config, tiny_model_dir, str(out), resume_from=True)
+    assert resumed["logs"][-1]["step"] == 4
+    assert compare(reference, resumed, resume_step) == 0.0
+    assert last_complete_checkpoint(str(out))[0] == str(out / "checkpoint-4")
+    assert not (out / "checkpoint-5").exists()
 
 
 def test_no_complete_checkpoint_is_a_clear_error(tmp_path, tiny_model_dir):

@@ -10,6 +10,9 @@ A resumed GRPO run continues exactly as the uninterrupted one only if three thin
 
 A checkpoint counts as complete once `MANIFEST_NAME` lists its files with their sizes; the manifest is written last
 and atomically, so a process killed while saving leaves a checkpoint that `last_complete_checkpoint` skips.
+
+A checkpoint at or past the run's last step (a finished job relaunched by a scheduler) is not trained on: transformers
+would train one step more and overwrite the final checkpoint. `RunAlreadyComplete` ends such a resume early.
 """
 
 import json
@@ -30,6 +33,15 @@ STATE_NAME = "trl_grpo_ext_state_rank{rank}.pt"
 # transformers writes trainer_state.json last of its files: a checkpoint without our manifest (written by stock TRL)
 # counts as complete when it has this file.
 TRAINER_STATE_NAME = "trainer_state.json"
+
+
+class RunAlreadyComplete(Exception):
+    """The checkpoint being resumed is at or past the run's last step: raised where transformers has loaded its
+    weights and trainer state and before anything is trained, logged or written, and caught by `GRPOTrainer.train`."""
+
+    def __init__(self, checkpoint: str, global_step: int, max_steps: int):
+        super().__init__(f"{checkpoint} is at step {global_step}, the run ends at step {max_steps}")
+        self.checkpoint, self.global_step, self.max_steps = checkpoint, global_step, max_steps
 
 
 class EpochSeededSampler(Sampler):

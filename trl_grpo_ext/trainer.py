@@ -4,9 +4,11 @@ calls `super()`)."""
 import logging
 import math
 import os
+import time
 from collections.abc import Callable
 
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from transformers.integrations.neftune import deactivate_neftune
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotate_checkpoints, speed_metrics
 from trl.trainer.utils import get_config_model_id
 
 from .config import GRPOConfig, TRLGRPOConfig, policy_grouping_requested
@@ -17,13 +19,14 @@ from .grad_reg_hooks import GradRegHooks
 from .policy_group_hooks import PolicyGroupHooks, check_policy_group_setup, with_row_column
 from .resume import (
     EpochSeededSampler,
+    RunAlreadyComplete,
     checkpoint_problem,
     last_complete_checkpoint,
     load_resume_state,
     save_resume_state,
     write_manifest,
 )
-from .trl_contact import GRPOLoopState, TRLContact, output_dir
+from .trl_contact import GRPOLoopState, TRLContact, output_dir, stop_memory_tracking
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +44,8 @@ class GRPOTrainer(FastGenerationHooks, EntropyRegHooks, GradRegHooks, PolicyGrou
     A resumed run continues exactly as the uninterrupted one (`trl_grpo_ext.resume` says what TRL loses and how it
     comes back): checkpoints also hold the GRPO loop's state and every object in `resumable_state()`, and are marked
     complete only once fully written. `train(resume_from_checkpoint=True)` picks the newest complete checkpoint and
-    says which incomplete ones it skipped.
+    says which incomplete ones it skipped. Resuming a finished run (its checkpoint at the last step) trains nothing and
+    changes no file: `train` says so and sets `run_already_complete`.
 
     Dynamic policy grouping (off unless `GRPOConfig.policy_group_column` / `policy_group_features` is set, or
     `policy_group_fn` is given): `policy_group_fn(example: dict) -> str` names each training prompt's policy group;
@@ -91,6 +95,7 @@ class GRPOTrainer(FastGenerationHooks, EntropyRegHooks, GradRegHooks, PolicyGrou
             train_dataset = with_row_column(train_dataset)
         super().__init__(model, reward_funcs, args, train_dataset, *more, **kwargs)
         self.policy_group_fn = policy_group_fn
+        self.run_already_complete = False  # set by `train`
         self.policy_groups = self._build_policy_groups() if grouping else None
         self._init_entropy_reg()
         self._init_grad_reg()
@@ -111,10 +116,19 @@ class GRPOTrainer(FastGenerationHooks, EntropyRegHooks, GradRegHooks, PolicyGrou
     def train(self, resume_from_checkpoint: str | bool | None = None, *more, **kwargs):
         """TRL's `train`; `resume_from_checkpoint=True` resumes from the newest *complete* checkpoint.
 
+        A checkpoint at or past the run's last step (`max_steps`, or the step `num_train_epochs` ends at) means the
+        run is complete (a finished job relaunched): nothing is trained, logged, saved or evaluated, a warning says so,
+        and `self.run_already_complete` is True until the next call. The model then holds the checkpoint's weights
+        and `self.state` its trainer state (so a later `save_model` writes the final model again, not the initial
+        one). Returns `TrainOutput(global_step=<the checkpoint's>, training_loss=nan, metrics)`: no step ran, so
+        there is no loss, as transformers' `train_loss` covers only the steps of the call.
+
         Raises:
             ValueError: `resume_from_checkpoint` names a checkpoint that is incomplete (says which file), or is True
                 and `output_dir` holds no complete checkpoint.
         """
+        start_time = time.time()
+        self.run_already_complete = False
         if resume_from_checkpoint is True:
             path, skipped = last_complete_checkpoint(self.args.output_dir)
             for skipped_path, reason in skipped:
@@ -128,7 +142,31 @@ class GRPOTrainer(FastGenerationHooks, EntropyRegHooks, GradRegHooks, PolicyGrou
             problem = checkpoint_problem(resume_from_checkpoint)
             if problem is not None:
                 raise ValueError(f"resume_from_checkpoint={str(resume_from_checkpoint)!r} is incomplete: {problem}")
-        return super().train(resume_from_checkpoint, *more, **kwargs)
+        try:
+            return super().train(resume_from_checkpoint, *more, **kwargs)
+        except RunAlreadyComplete as complete:
+            return self._end_complete_run(complete, start_time)
+
+    def _end_complete_run(self, complete: RunAlreadyComplete, start_time: float) -> TrainOutput:
+        """Undo what transformers set up for training (as its end of training does) and report the finished run."""
+        self.is_in_train = False
+        if self.neftune_noise_alpha is not None:
+            deactivate_neftune(self.model, self.neftune_hook_handle, self.accelerator)
+        metrics = speed_metrics("train", start_time, num_samples=0, num_steps=0)
+        metrics.update(total_flos=self.state.total_flos, train_loss=float("nan"))
+        stop_memory_tracking(self, metrics)
+        self.run_already_complete = True
+        bound = f"max_steps={self.args.max_steps}"
+        if self.args.max_steps <= 0:
+            bound = f"num_train_epochs={self.args.num_train_epochs}: {complete.max_steps} steps"
+        logger.warning(
+            "Run already complete at step %d (%s): nothing to train; %s and %s are left as they are",
+            complete.global_step,
+            bound,
+            complete.checkpoint,
+            self.args.output_dir,
+        )
+        return TrainOutput(complete.global_step, float("nan"), metrics)
 
     def hook_get_train_sampler(self, dataset=None):
         self._epoch_sampler = EpochSeededSampler(super().hook_get_train_sampler(dataset))
@@ -158,6 +196,10 @@ class GRPOTrainer(FastGenerationHooks, EntropyRegHooks, GradRegHooks, PolicyGrou
         GRPOLoopState.restore_pending_loss(self)
 
     def hook_load_optimizer_and_scheduler(self, checkpoint):
+        # Resuming: transformers has loaded the checkpoint's weights and trainer state, and set `state.max_steps` to
+        # this run's last step; nothing has been trained or logged yet. transformers would train one step past it.
+        if checkpoint is not None and self.state.global_step >= self.state.max_steps:
+            raise RunAlreadyComplete(checkpoint, self.state.global_step, self.state.max_steps)
         super().hook_load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return

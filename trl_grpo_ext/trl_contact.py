@@ -8,8 +8,8 @@ are overridden and some private attributes are read. All of that happens here an
   `hook_` prefix (`_compute_loss` -> `hook_compute_loss`). The features (policy groups, entropy and gradient
   regularization, fast generation, exact resume) override the hooks and call `super()`; the chain ends here, in
   TRL's method.
-- The functions below (`metrics`, `micro_step`, `output_dir`, `grad_norm`, `save_checkpoint`, `repeat_sampler_fields`,
-  `GRPOLoopState`, ...) are the only readers and writers of private attributes.
+- The functions below (`metrics`, `micro_step`, `output_dir`, `grad_norm`, `save_checkpoint`, `stop_memory_tracking`,
+  `repeat_sampler_fields`, `GRPOLoopState`, ...) are the only readers and writers of private attributes.
 - `check_contact_surface()` runs when this module is imported: every private method must exist with the parameters
   it was written against, every private attribute must still be set where it was, and no hook name may collide with
   a name TRL has. A mismatch raises `TRLCompatibilityError` naming the method or attribute and the supported
@@ -79,6 +79,7 @@ PRIVATE_ATTRIBUTES: dict[str, type] = {
     "_metrics": TRLGRPOTrainer,  # {"train"|"eval": {name: [values since the last log]}}
     "_tr_loss": transformers.Trainer,  # running loss since the last log (a 0-d tensor)
     "_globalstep_last_logged": transformers.Trainer,
+    "_memory_tracker": transformers.Trainer,  # memory metrics of a `train()` call, started where it starts
 }
 REPEAT_SAMPLER_FIELDS = ("generator", "seed", "num_samples", "shuffle")
 
@@ -270,6 +271,12 @@ def per_token_logps_and_entropies(trainer: TRLGRPOTrainer, model, batch: dict, c
 def save_checkpoint(trainer: transformers.Trainer, model: torch.nn.Module) -> None:
     """Write a checkpoint now, as the training loop does at `save_steps`."""
     trainer._save_checkpoint(model, trial=None)
+
+
+def stop_memory_tracking(trainer: transformers.Trainer, metrics: dict) -> None:
+    """End the memory tracking `Trainer.train` started and add its metrics to `metrics` (a no-op unless
+    `skip_memory_metrics=False`); for a `train()` call that returns before transformers' own end of training."""
+    trainer._memory_tracker.stop_and_update_metrics(metrics)
 
 
 def repeat_sampler_fields(sampler) -> tuple[torch.Generator | None, int | None, int, bool]:
