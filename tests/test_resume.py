@@ -180,7 +180,10 @@ def test_killed_process_resumes_to_exactly_max_steps(tmp_path, tiny_model_dir, s
         deadline = time.monotonic() + 120
         while not complete.is_file() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(delay)
+        # within the next step or the start of its save, however fast this machine trains
+        kill_at, next_save = time.monotonic() + delay, out / f"checkpoint-{kill_after + 1}"
+        while time.monotonic() < kill_at and not next_save.exists() and proc.poll() is None:
+            time.sleep(0.002)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.kill()
