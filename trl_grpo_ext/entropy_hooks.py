@@ -38,8 +38,10 @@ def _scored(batch: dict) -> torch.Tensor:
     to exactly 0, so that they do not move the policy; a batch without the entry (a checkpoint from before it) counts
     all as scored."""
     scored = batch.get(SCORED)
-    return torch.ones(len(batch["completion_mask"]), dtype=torch.bool, device=batch["completion_mask"].device) \
-        if scored is None else scored  # fmt: skip
+    if scored is None:
+        mask = batch["completion_mask"]
+        return torch.ones(len(mask), dtype=torch.bool, device=mask.device)
+    return scored
 
 
 def _advantage_mask(batch: dict) -> torch.Tensor:
