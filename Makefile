@@ -15,11 +15,23 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest tests $(ARGS)
 
-# The tests that exercise every contact with TRL's and transformers' private API (trl_grpo_ext/trl_contact.py)
-# (the CPU throughput smoke run of test_generation.py checks the benchmark script, not TRL: left out for time)
-OLDEST_TESTS ?= tests/test_trl_contact.py tests/test_equivalence.py tests/test_resume.py tests/test_split_invariance.py \
-	tests/test_policy_groups.py tests/test_entropy.py tests/test_grad_reg.py tests/test_generation.py \
-	--deselect tests/test_generation.py::test_gpu_throughput_benchmark_runs_every_configuration_in_cpu_smoke_mode
+# The tests that exercise every contact with TRL's and transformers' private API (trl_grpo_ext/trl_contact.py), one
+# run each: the import-time check; stock equivalence (the forwarding overrides); exact resume inside a generation
+# cycle, with LoRA, of a finished run and on two processes (sampler, checkpoint save/load, RNG state, _tr_loss,
+# _step, _buffered_inputs, _memory_tracker); split invariance (policy groups, entropy, KL-Cov through
+# _compute_loss and the log-probabilities); gradient regularization (_clip_grad_norm, _get_grad_norm); fast
+# generation (_generate_single_turn and the transformers internals). The whole suite runs with the newest versions.
+OLDEST_TESTS ?= tests/test_trl_contact.py \
+	"tests/test_equivalence.py::test_default_settings_reproduce_stock_trl_exactly" \
+	"tests/test_resume.py::test_resumed_run_equals_uninterrupted[save_steps_inside_generation_cycle]" \
+	"tests/test_resume.py::test_resumed_run_equals_uninterrupted[lora]" \
+	tests/test_resume.py::test_resuming_a_finished_run_changes_nothing tests/test_resume.py::test_two_processes_resume_exactly \
+	tests/test_split_invariance.py::test_a_step_over_two_generation_batches_draws_the_same_tokens \
+	tests/test_grad_reg.py::test_resume_is_exact tests/test_grad_reg.py::test_nonfinite_step_is_skipped_and_training_goes_on \
+	tests/test_entropy.py::test_resume_restores_the_entropy_controllers_exactly \
+	tests/test_policy_groups.py::test_grouped_run_resumes_exactly \
+	"tests/test_generation.py::test_training_with_a_lever_matches_stock_generation" \
+	tests/test_generation.py::test_repeated_input_grad_hooks_are_cut_with_fast_generation_and_pile_up_without
 test-oldest: $(VENV)/.installed
 	bash scripts/oldest_overlay.sh $(VENV) .oldest
 	PYTHONPATH=.oldest $(PY) -m pytest $(OLDEST_TESTS) $(ARGS)

@@ -65,8 +65,27 @@ def test_a_reward_functions_missing_column_is_named_before_the_model_loads(tmp_p
     with pytest.raises(ValueError) as error:
         GRPOTrainer(NO_MODEL, [gsm8k_format, func], _config(tmp_path), dataset)
     message = str(error.value)
-    assert f"reward function {func.__name__!r} needs the dataset column {column!r}" in message
+    assert f"reward function {func.__name__!r} needs the dataset column {column!r}, which the training " in message
     assert f"its columns are {dataset.column_names}" in message
+
+
+@pytest.mark.parametrize("passed_as", ["keyword", "positional", "dict"])
+def test_an_evaluation_datasets_missing_column_is_named_before_the_model_loads(tmp_path, passed_as):
+    """TRL scores evaluation completions with the same reward functions: a missing `answer` there would fail only at
+    the first evaluation, after training steps were spent."""
+    train, evaluation = _dataset(answer=["2", "4"]), _dataset(question=["a", "b"])
+    config = _config(tmp_path, eval_strategy="steps", eval_steps=1)
+    with pytest.raises(ValueError) as error:
+        if passed_as == "keyword":
+            GRPOTrainer(NO_MODEL, gsm8k_accuracy, config, train, eval_dataset=evaluation)
+        elif passed_as == "positional":
+            GRPOTrainer(NO_MODEL, gsm8k_accuracy, config, train, evaluation)
+        else:
+            GRPOTrainer(NO_MODEL, gsm8k_accuracy, config, train, eval_dataset={"gsm8k": evaluation})
+    which = "evaluation dataset 'gsm8k'" if passed_as == "dict" else "evaluation dataset"
+    message = str(error.value)
+    assert f"reward function 'gsm8k_accuracy' needs the dataset column 'answer', which the {which} does not" in message
+    assert f"its columns are {evaluation.column_names}" in message
 
 
 def test_remove_unused_columns_would_drop_what_a_reward_reads(tmp_path):
@@ -89,7 +108,13 @@ def test_complete_dataset_gets_past_the_check_to_the_model(tmp_path):
     """With every column there, the next error is the model path's: the check let it through."""
     dataset = _dataset(answer=["2", "4"], difficulty=[1, 2])
     with pytest.raises(OSError):
-        GRPOTrainer(NO_MODEL, [gsm8k_accuracy, needs_difficulty, difficulty_optional], _config(tmp_path), dataset)
+        GRPOTrainer(
+            NO_MODEL,
+            [gsm8k_accuracy, needs_difficulty, difficulty_optional],
+            _config(tmp_path),
+            dataset,
+            eval_dataset=dataset,
+        )
 
 
 @pytest.mark.parametrize("max_steps", [-5, -2, 2.5, "10", True])

@@ -408,3 +408,26 @@ def test_unscored_completions_keep_advantage_zero_and_are_never_chosen(tmp_path,
     # the logged mean shift is over the scored completions only (before: diluted by the unscored ones' 0)
     shift = (advantages - trainer._buffered_inputs[0]["advantages"])[scored]
     assert row["entropy_reg/advantage_shift"] == pytest.approx(shift.mean().item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("modes", [["advantage", "clip_cov"], ["advantage", "kl_cov"]])
+def test_completions_masked_as_truncated_stay_out_of_every_entropy_term(tmp_path, tiny_model_dir, modes):
+    """Issue #13.3 for `mask_truncated_completions`: TRL's loss gives a truncated completion no token, so Clip-Cov and
+    KL-Cov never pick its tokens, KL-Cov's fraction counts only the tokens left in, and the advantage mode's logged
+    shift is the mean over the completions the loss uses (one value per completion with tokens)."""
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=1), entropy_reg=modes, entropy_advantage_coef=0.05,
+                      clip_cov_lb=-1e9, clip_cov_ub=1e9, clip_cov_ratio=0.5, kl_cov_ratio=0.5,
+                      mask_truncated_completions=True)  # fmt: skip
+    trainer = _LossSpy(tiny_model_dir, length_reward, args, _dataset())
+    trainer.seen = []
+    trainer.train()
+    ((advantages, _, mask, chosen),) = trainer.seen
+    truncated = mask.sum(1) == 0
+    assert 0 < int(truncated.sum()) < len(mask)  # most completions of the random tiny model reach the length limit
+    assert int(chosen.sum()) > 0 and not chosen[truncated].any()
+    row = trainer.state.log_history[0]
+    tokens = int(mask.sum())  # the tokens TRL's loss counts: none of a truncated completion's
+    if "kl_cov" in modes:
+        assert row["entropy_reg/penalized_frac"] == pytest.approx(int(0.5 * tokens) / tokens)
+    shift = (advantages - trainer._buffered_inputs[0]["advantages"])[~truncated]
+    assert row["entropy_reg/advantage_shift"] == pytest.approx(shift.mean().item(), rel=1e-5)

@@ -468,17 +468,20 @@ def load_throughput_benchmark():
     return module
 
 
-def test_gpu_throughput_benchmark_runs_every_configuration_in_cpu_smoke_mode(tmp_path):
-    """`benchmarks/gpu_throughput.py --device cpu --tiny`: every configuration of the 8 GB preset in its own process,
-    with timings, tokens and the estimate; the table and JSON written."""
+def test_gpu_throughput_benchmark_runs_in_cpu_smoke_mode(tmp_path):
+    """`benchmarks/gpu_throughput.py --device cpu --tiny`: four configurations of the 8 GB preset (stock, the preset,
+    in-place merge, QLoRA with copy and compile; every configuration's training is checked against stock generation
+    above), each in its own process, with timings, tokens and the estimate; the table and JSON written."""
     import json
 
     benchmark = load_throughput_benchmark()
-    argv = ["--device", "cpu", "--tiny", "--steps", "2", "--presets", "8gb", "--output-dir", str(tmp_path)]
+    configs = ["stock", "preset", "inplace", "qlora_copy_compile"]
+    argv = ["--device", "cpu", "--tiny", "--steps", "2", "--presets", "8gb", "--output-dir", str(tmp_path),
+            "--configs", *configs]  # fmt: skip
     assert benchmark.main(argv) == 0
     rows = json.loads((tmp_path / "gpu_throughput_tiny.json").read_text())["rows"]
-    assert [r["config"] for r in rows] == [config for _, config in benchmark.plan(["8gb"], None)]
-    assert len(rows) == len(benchmark.CONFIGS)
+    assert [r["config"] for r in rows] == [config for _, config in benchmark.plan(["8gb"], configs)]
+    assert sorted(r["config"] for r in rows) == sorted(configs)
     by_config = {r["config"]: r for r in rows}
     for row in rows:
         assert "error" not in row, row

@@ -92,6 +92,20 @@ def test_policy_group_baseline_by_hand():
     assert_close(pg.policy_group_advantages(rewards, torch.tensor([0] * 4 + [1] * 4), 2, "batch"), expected)
 
 
+def test_policy_group_baseline_leaves_unscored_completions_at_zero_and_out_of_the_statistics():
+    """Issue #13.3: a completion no reward function scored (NaN) gets advantage exactly 0, as TRL gives it, and its
+    NaN enters neither its policy group's mean nor its std: the scored ones get what they would get alone."""
+    nan = math.nan
+    rewards, ids = torch.tensor([1.0, nan, 0.0, 1.0, nan, 0.0]), torch.tensor([0, 0, 0, 0, 1, 1])
+    alone = pg.policy_group_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([0, 0, 0, 1]), 2, "group")
+    for scale in ("none", "group", "batch"):
+        advantages = pg.policy_group_advantages(rewards, ids, 2, scale)
+        assert advantages[1].item() == 0.0 and advantages[4].item() == 0.0
+        assert torch.isfinite(advantages).all()
+    # group 0's scored rewards 1, 0, 1: mean 2/3, std sqrt(1/3), as without the NaN; group 1's single 0 -> 0
+    assert_close(pg.policy_group_advantages(rewards, ids, 2, "group")[[0, 2, 3, 5]], alone)
+
+
 def test_loss_weights_have_mean_one():
     # weights 2 and 0.5; completions in groups 0, 0, 1, 1 -> 2, 2, .5, .5 -> mean 1.25 -> 1.6, 1.6, 0.4, 0.4
     w = pg.loss_weights(torch.tensor([2.0, 0.5], dtype=D), torch.tensor([0, 0, 1, 1]))
@@ -253,6 +267,21 @@ def test_regroup_children_inherit_parent_statistics_and_weight():
     assert_close(state.prompts_seen, torch.tensor([0.5, 1.0, 0.5], dtype=D))
     assert state.observed.tolist() == [False, True, False]  # children wait for a batch before any merge
     assert state.events == ["split a"]
+
+
+def test_counts_stay_whole_draws_of_the_rows_a_group_holds_after_a_split_and_a_merge():
+    """`policy_groups/<g>/count` counts draws per dataset row: a split child counts exactly its own rows' draws (the
+    statistic `prompts_seen` is apportioned, 0.5 and 0.5 here; a logged count is never a fraction)."""
+    state = PolicyGroupState(["a", "b"], torch.tensor([0, 0, 1, 1]), seed=0)
+    state.observe(torch.tensor([0, 2, 0]), torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0]), torch.ones(6), 2, 0.0)
+    state.regroup(["a/lo", "b", "a/hi"], torch.tensor([0, 2, 1, 1]), "split a")  # row 0 was drawn twice, row 1 never
+    counts = state.totals()
+    assert [counts[f"policy_groups/{g}/count"] for g in ("a/lo", "a/hi", "b")] == [2.0, 0.0, 1.0]
+    assert_close(state.prompts_seen, torch.tensor([1.0, 1.0, 1.0], dtype=D))  # a's 2 draws apportioned 1 | 1
+    state.observe(torch.tensor([1]), torch.tensor([1.0, 0.0]), torch.ones(2), 2, 0.0)
+    state.regroup(["a", "b"], torch.tensor([0, 0, 1, 1]), "merge a/lo, a/hi")
+    counts = state.totals()
+    assert [counts["policy_groups/a/count"], counts["policy_groups/b/count"]] == [3.0, 1.0]
 
 
 def test_split_children_start_from_their_own_success_rates():

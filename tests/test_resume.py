@@ -166,14 +166,14 @@ def test_resuming_a_finished_run_changes_nothing(tmp_path, tiny_model_dir, caplo
     assert not trainer.run_already_complete and trainer.state.global_step == last_step + 1
 
 
-@pytest.mark.parametrize("seed", [0])
-def test_killed_process_resumes_to_exactly_max_steps(tmp_path, tiny_model_dir, seed):
-    """SIGKILL a real training process (a checkpoint every step) at a seeded random moment once a checkpoint is
-    complete (in the next step or its save); another process resumes to exactly max_steps, as the uninterrupted run."""
+@pytest.mark.parametrize("kill_after", [1, 3], ids=["mid-run", "final-step-or-save"])
+def test_killed_process_resumes_to_exactly_max_steps(tmp_path, tiny_model_dir, kill_after):
+    """SIGKILL a real training process (a checkpoint every step) at a seeded random moment once checkpoint
+    `kill_after` of 4 is complete: in the next step or its save (for 3: the last step or the final checkpoint's
+    save); another process resumes to exactly max_steps, as the uninterrupted run."""
     config = {"save_steps": 1, "max_steps": 4}
     out = tmp_path / "killed"
-    rng = random.Random(seed)
-    kill_after, delay = rng.randint(1, 2), rng.uniform(0.0, 0.5)  # checkpoint-<kill_after> of 4, then seconds
+    delay = random.Random(kill_after).uniform(0.0, 0.5)  # seconds after the checkpoint is complete
     complete = out / f"checkpoint-{kill_after}" / MANIFEST_NAME
     proc = start_phase(config, tiny_model_dir, str(out))
     try:

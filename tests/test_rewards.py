@@ -300,6 +300,12 @@ RUNNING_TEXT = [
     ("md_code", "`42`", "42", "42"),  # was "5"
     ("md_bold_escaped_dollar", r"**\$42**", "42", "42"),  # was "5"
     ("md_bold_dollar", "**$42**", "42", "42"),
+    # HTML emphasis and invisible characters
+    ("html_bold", "<b>42</b>", "42", "42"),  # was "5"
+    ("html_strong", "<strong>42</strong>", "42", "42"),  # was "5"
+    ("html_line_break", "42<br/>", "42", "42"),
+    ("zero_width_space", "\u200b42", "42", "42"),  # was "5"
+    ("byte_order_mark", "\ufeff42", "42", "42"),  # was "5"
     # escaped currency, percent and LaTeX spacing
     ("escaped_dollar", r"\$42", "42", "42"),  # was "5"
     ("escaped_dollar_full_stop", r"\$42.", "42", "42"),  # was "5"
@@ -321,11 +327,22 @@ RUNNING_TEXT = [
     ("frac_short", r"$\frac12$", "0.5", "1/2"),  # was "5"
     ("tfrac", r"\tfrac{1}{2}", "0.5", "1/2"),  # was "5"
     ("negative_frac", r"$-\frac{1}{2}$", "-0.5", "-1/2"),  # was "5"
+    ("negative_denominator", r"\frac{1}{-2}", "-0.5", "-1/2"),  # was "1  -2"
+    ("mixed_number", r"2\frac{1}{2}", "2.5", "5/2"),  # was "21/2"
+    ("mixed_number_spaced", r"2 \frac{1}{2}", "2.5", "5/2"),  # was "2 1/2"
+    ("mixed_number_short_inline", r"$2\tfrac12$", "2.5", "5/2"),  # was "21/2"
+    ("negative_mixed_number", r"$-1\frac{3}{4}$", "-1.75", "-7/4"),  # was "-13/4"
     # signs
     ("negative", "-42", "-42", "-42"),
     ("negative_inline_dollars", "$-42$", "-42", "-42"),
     ("negative_inline_paren", r"\(-42\)", "-42", "-42"),  # was "5"
     ("unicode_minus", "\u221242", "-42", "-42"),  # was "5"
+    ("sign_in_own_math", "$-$42", "-42", "-42"),  # was "42"
+    ("sign_before_math", "-$42$", "-42", "-42"),  # was "42"
+    ("unicode_minus_before_math", "\u2212$42$", "-42", "-42"),  # was "42"
+    ("sign_in_text_command", r"\text{-}42", "-42", "-42"),  # was "42"
+    ("sign_in_mathrm", r"\mathrm{-}42", "-42", "-42"),  # was "42"
+    ("binary_minus_stays", "46 -$4$", "42", "46 - 4"),
     # LaTeX operators
     ("times", r"3 \times 14", "42", "3 * 14"),  # was "14"
     ("cdot", r"$3 \cdot 14$", "42", "3 * 14"),  # was "14"
@@ -336,6 +353,8 @@ RUNNING_TEXT = [
     ("latex_comma_group_no_math", "9{,}500.", "9500", "9500"),  # was "9"
     ("thin_space_group", r"$9\,500$.", "9500", "9500"),  # was "9"
     ("control_space_group", r"$9\ 500$.", "9500", "9500"),  # was "500"
+    ("spaced_thin_space_group", r"$9 \, 500$.", "9500", "9500"),  # was "500"
+    ("thin_space_group_space_before", r"$9 \,500$.", "9500", "9500"),  # was "500"
     ("tie_group", "9~500.", "9500", "9500"),  # was "9"
     ("narrow_no_break_space_group", "9\u202f500.", "9500", "9500"),  # was "500"
     ("latex_comma_millions", "$9{,}500{,}000$.", "9500000", "9500000"),  # was "9"

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import transformers
 from trl.trainer.grpo_trainer import GRPOTrainer as TRLGRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
@@ -91,6 +92,43 @@ def test_renamed_sampler_field_is_refused():
 
     with pytest.raises(TRLCompatibilityError, match="RepeatSampler has no field 'seed'"):
         check_contact_surface(sampler_class=RenamedSeed)
+
+
+PRETRAINED = transformers.PreTrainedModel
+GRAD_HOOK_INTERNAL = "PreTrainedModel.enable_input_require_grads registers make_inputs_require_grads"
+
+
+class OldCompileConfig:
+    """A CompileConfig without the private switch fast generation sets off CUDA."""
+
+
+class RenamedGradHook(transformers.PreTrainedModel):
+    def enable_input_require_grads(self):
+        def make_inputs_need_grads(module, input, output):
+            output.requires_grad_(True)
+
+        self.get_input_embeddings().register_forward_hook(make_inputs_need_grads)
+
+
+@pytest.mark.parametrize(
+    "changed, named",
+    [
+        ({"compile_config_class": OldCompileConfig}, "CompileConfig._compile_all_devices"),
+        ({"model_class": RenamedGradHook}, GRAD_HOOK_INTERNAL),
+        (
+            {"model_class": type("NoFlag", (), {"enable_input_require_grads": PRETRAINED.enable_input_require_grads})},
+            "PreTrainedModel._can_compile_fullgraph",
+        ),
+    ],
+    ids=["compile-all-devices", "grad-hook-name", "fullgraph-flag"],
+)
+def test_a_transformers_internal_that_is_gone_fails_at_import_naming_it(changed, named):
+    """Fast generation's transformers internals are checked like TRL's: a rename would otherwise be a silent no-op
+    (the repeated hooks would pile up again) or a late error."""
+    with pytest.raises(TRLCompatibilityError) as error:
+        check_contact_surface(**changed)
+    assert f"transformers {named}" in str(error.value) and "is gone (written against 5.24.0)" in str(error.value)
+    assert "supported: trl>=1.16,<1.17, transformers>=5.18,<6" in str(error.value)
 
 
 def test_version_outside_the_tested_range_warns_only(monkeypatch, caplog):

@@ -1,7 +1,7 @@
-"""The training dataset checked against what a run reads from it, in `GRPOTrainer.__init__` before the model is
-loaded: a missing column otherwise surfaces only after the model is loaded and the first completions are generated
-(TRL calls each reward function with the dataset's columns as keyword arguments, and a missing one is a
-`TypeError` from inside the reward function)."""
+"""The training and evaluation datasets checked against what a run reads from them, in `GRPOTrainer.__init__`
+before the model is loaded: a missing column otherwise surfaces only after the model is loaded and the first
+completions are generated (TRL calls each reward function with the dataset's columns as keyword arguments, and a
+missing one is a `TypeError` from inside the reward function)."""
 
 import inspect
 
@@ -31,19 +31,36 @@ def reward_columns(reward_func) -> list[str]:
     ]
 
 
-def check_dataset_columns(dataset, reward_funcs, args) -> None:
-    """Check that `dataset` has each column the reward functions and `args.policy_group_column` read.
+def check_dataset_columns(dataset, reward_funcs, args, eval_dataset=None) -> None:
+    """Check that `dataset` has each column the reward functions and `args.policy_group_column` read, and that
+    `eval_dataset` has each column the reward functions read (TRL scores evaluation completions with them too).
 
     Args:
         dataset: the training dataset (a `datasets.Dataset` or `IterableDataset`; None or one without known
             columns is not checked).
         reward_funcs: a reward function, a model id, a model, or a list of these, as `GRPOTrainer` takes them.
         args: the `GRPOConfig`.
+        eval_dataset: the evaluation dataset, or a dict of them by name, as `GRPOTrainer` takes it (or None).
 
     Raises:
-        ValueError: naming the column, the reward function (or `policy_group_column`) that reads it and the
-            dataset's columns; or, with `remove_unused_columns=True`, saying that TRL drops the column.
+        ValueError: naming the column, the reward function (or `policy_group_column`) that reads it, the dataset
+            (training, evaluation, or evaluation dataset 'name') and its columns; or, with
+            `remove_unused_columns=True`, saying that TRL drops the column.
     """
+    evaluation = eval_dataset.items() if isinstance(eval_dataset, dict) else [(None, eval_dataset)]
+    _check_reward_columns(dataset, reward_funcs, args, "training dataset")
+    for name, data in evaluation:
+        _check_reward_columns(data, reward_funcs, args, "evaluation dataset" + (f" {name!r}" if name else ""))
+    columns = getattr(dataset, "column_names", None)
+    column = getattr(args, "policy_group_column", None)
+    if columns is not None and column is not None and column not in columns:
+        raise ValueError(
+            f"policy_group_column={column!r} is not a column of the training dataset; its columns are {columns}"
+        )
+
+
+def _check_reward_columns(dataset, reward_funcs, args, which: str) -> None:
+    """`check_dataset_columns` for the reward functions' columns of one dataset, called `which` in the error."""
     columns = getattr(dataset, "column_names", None)
     if dataset is None or columns is None:
         return
@@ -53,7 +70,7 @@ def check_dataset_columns(dataset, reward_funcs, args) -> None:
         for column in reward_columns(func):
             if column not in columns or column in NOT_PASSED_ON:
                 raise ValueError(
-                    f"reward function {name!r} needs the dataset column {column!r}, which the training dataset does "
+                    f"reward function {name!r} needs the dataset column {column!r}, which the {which} does "
                     f"not have (TRL passes each column by name): its columns are {columns}"
                 )
             if args.remove_unused_columns:
@@ -61,8 +78,3 @@ def check_dataset_columns(dataset, reward_funcs, args) -> None:
                     f"reward function {name!r} reads the dataset column {column!r}, which remove_unused_columns=True "
                     f"drops before the reward functions see it: set remove_unused_columns=False"
                 )
-    column = getattr(args, "policy_group_column", None)
-    if column is not None and column not in columns:
-        raise ValueError(
-            f"policy_group_column={column!r} is not a column of the training dataset; its columns are {columns}"
-        )

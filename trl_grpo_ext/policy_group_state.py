@@ -37,6 +37,7 @@ class PolicyGroupState:
         self.num_generations = 1  # set by `observe`; the completions seen are prompts seen x this
         self.events: list[str] = []  # merges, splits and refinements, with their reasons
         self.prompt_success = torch.full((len(assignment),), float("nan"), dtype=torch.float64)
+        self.prompt_visits = torch.zeros(len(assignment), dtype=torch.long)  # times each dataset row was drawn
         self._set_groups(names, torch.as_tensor(assignment, dtype=torch.long))
         self.weights = torch.ones(self.num_groups, dtype=torch.float64)
 
@@ -103,6 +104,7 @@ class PolicyGroupState:
                                     + k_recent**2 / counts.clamp(min=1), self.progress_moments[0])  # fmt: skip
         self.progress_moments = torch.stack([recent_moment, start_count + torch.where(k_start > 0, counts, 0.0)])
         self.prompts_seen += torch.bincount(ids, minlength=k).double()
+        self.prompt_visits.index_add_(0, rows, torch.ones_like(rows))
         self.observed |= torch.bincount(ids, minlength=k) > 0
         self.num_generations = num_generations
         known = ~torch.isnan(per_prompt["mean"])
@@ -266,9 +268,10 @@ class PolicyGroupState:
 
     def totals(self) -> dict[str, float]:
         """Running totals, logged as their value at the last step (`trl_contact.log_total`, not averaged):
-        `policy_groups/<name>/count`, the prompts of the group seen since the start (after a split or merge, a group
-        takes its parents' counts in proportion to the rows it took), and `policy_groups/nan_rewards`, the
-        completions no reward function scored."""
-        out = {f"policy_groups/{name}/count": float(self.prompts_seen[i]) for i, name in enumerate(self.names)}
+        `policy_groups/<name>/count`, how many times the group's prompts were drawn since the start (counted per
+        dataset row, so after a split or merge each group counts exactly the draws of the rows it now holds: a whole
+        number), and `policy_groups/nan_rewards`, the completions no reward function scored."""
+        counts = torch.bincount(self.assignment, weights=self.prompt_visits.double(), minlength=self.num_groups)
+        out = {f"policy_groups/{name}/count": float(counts[i]) for i, name in enumerate(self.names)}
         out["policy_groups/nan_rewards"] = float(self.nan_rewards)
         return out

@@ -20,6 +20,7 @@ import re
 import threading
 import unicodedata
 from collections.abc import Callable
+from fractions import Fraction
 
 import sympy
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
@@ -44,19 +45,33 @@ _SEP = r"(?:,|\{,\}|\\[,;:! ]|~|\u00a0|\u202f|\u2009)"
 _THOUSANDS_SEP = re.compile(rf"(?<=\d)(?:{_SEP}| )(?=\d{{3}}(?!\d))")
 _SEP_RE = re.compile(_SEP)
 # A well-formed grouped number in running text: 1-3 leading digits, then groups of exactly 3 ("9{,}500{,}000").
-_GROUPED_NUMBER = re.compile(rf"(?<![\d.])\d{{1,3}}(?:{_SEP}\d{{3}})+(?!\d)")
+# In running text a LaTeX spacing command may have spaces around it ("$9 \\, 500$": math mode ignores them).
+_RUNNING_SEP = rf"(?:[ \t]*\\[,;:!][ \t]*|{_SEP})"
+_RUNNING_SEP_RE = re.compile(_RUNNING_SEP)
+_GROUPED_NUMBER = re.compile(rf"(?<![\d.])\d{{1,3}}(?:{_RUNNING_SEP}\d{{3}})+(?!\d)")
 # A comma between digits that is not a thousands separator separates list items ("3,4,5"), never a decimal comma.
 _LIST_COMMA = re.compile(r"(?<=\d),(?=\d)")
-# `_running_text`'s rewrites of LaTeX and Markdown, in order: an unclosed box (truncated generation) and all after
-# it; numeric fractions as "a/b"; operators; "\%" kept as "%"; every other command, control symbol ("\(", "\$",
-# "\,") and delimiter or brace; Markdown bold/italic/code marks; parentheses around a lone number; punctuation
-# touching a number's start (math-verify's plain-text rule wants a space, "=" or "**" before a number).
+# `_running_text`'s rewrites of LaTeX, Markdown and HTML, in order: an unclosed box (truncated generation) and all
+# after it, and invisible characters; grouped numbers joined; numeric fractions as "a/b" (mixed numbers as one
+# fraction); a minus sign parted from its number by markup joined to it; operators; "\%" kept as "%"; HTML tags,
+# every other command, control symbol ("\(", "\$", "\,") and delimiter or brace; Markdown bold/italic/code marks;
+# parentheses around a lone number; punctuation touching a number's start (math-verify's plain-text rule wants a
+# space, "=" or "**" before a number).
 _UNCLOSED_BOX = re.compile(r"\\boxed\s*\{.*", re.DOTALL)
-_FRAC = re.compile(r"\\[dt]?frac\s*(?:\{\s*(-?\d+(?:\.\d+)?)\s*\}|(\d))\s*(?:\{\s*(\d+(?:\.\d+)?)\s*\}|(\d))")
+# A whole number right before a fraction makes a mixed number ("2\frac{1}{2}" is 5/2, as LaTeX typesets it).
+_FRAC = re.compile(
+    r"(?:(?<![\w.])(-?\d+)[ \t]*)?\\[dt]?frac\s*(?:\{\s*(-?\d+(?:\.\d+)?)\s*\}|(\d))\s*"
+    r"(?:\{\s*(-?\d+(?:\.\d+)?)\s*\}|(\d))"
+)
 _OPERATORS = {"\\times": "*", "\\cdot": "*", "\\div": "/"}
 _OPERATOR = re.compile(r"\\(?:times|cdot|div)(?![a-zA-Z])")
 _PERCENT = re.compile(r"\\%")
 _MARKUP = re.compile(r"\\[a-zA-Z]+\*?|\\.|[{}$~&`]|\*\*+|__+", re.DOTALL)
+_HTML_TAG = re.compile(r"</?[a-zA-Z][a-zA-Z0-9]*(?:\s[^<>]*)?/?>")  # "<b>42</b>", "<strong>", "<br/>"
+# A minus sign parted from its number by markup only ("$-$42", "-$42$", "\text{-}42"): the markup is dropped, unless
+# the sign follows a digit or closing bracket (then it is a binary minus, "$10 - $4").
+_SIGN_MARKUP = re.compile(r"-((?:[ \t]*(?:\$+|\\[()\[\]]|\\[a-zA-Z]+[ \t]*\{|\{|\}))+)[ \t]*(?=\d)")
+_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"))  # zero-width characters, soft hyphen
 _EMPHASIS = re.compile(r"(?<![\w*])([*_])(?=\S)([^*_\n]*?\S)\1(?![\w*])")
 _PAREN_NUMBER = re.compile(r"[(\[]\s*(-?\d+(?:\.\d+)?)\s*[)\]]")
 _TOUCHING_PUNCT = re.compile(r"(?<=[:;#\"'\u201c\u2018<|])(?=-?\d)")
@@ -181,20 +196,45 @@ def _running_text(text: str) -> str:
     every number whole and on its own: LaTeX and Markdown around or inside a number become spaces.
 
     Examples: ``\fbox{42}``, ``$$42$$``, ``\(42\)``, ``\textbf{42}``, ``**42**``, ``(42)``, ``answer:42`` -> 42;
-    ``$9{,}500$``, ``9\,500`` -> 9500; ``\dfrac{1}{2}`` -> ``1/2``; ``3,4,5`` -> 3, 4 and 5 (a list, not 3.4 or
-    345); ``\boxed{18`` (unclosed, a truncated generation) is dropped with all that follows. The one normalization
-    behind the lenient reward, the evaluation's lenient accuracy and its maj@k vote (all via
-    `extract_final_answer`). Never raises.
+    ``<b>42</b>``, ``\u200b42`` (a zero-width space) -> 42; ``$-$42``, ``-$42$``, ``\text{-}42`` -> -42;
+    ``$9{,}500$``, ``9\,500``, ``$9 \, 500$`` -> 9500; ``\dfrac{1}{2}`` -> ``1/2``; ``2\frac{1}{2}`` (a mixed number)
+    -> ``5/2``; ``3,4,5`` -> 3, 4 and 5 (a list, not 3.4 or 345); ``\boxed{18`` (unclosed, a truncated
+    generation) is dropped with all that follows. The one normalization behind the lenient reward, the evaluation's
+    lenient accuracy and its maj@k vote (all via `extract_final_answer`). Never raises.
     """
-    text = _UNCLOSED_BOX.sub("", text).replace("\u2212", "-")  # U+2212 MINUS SIGN
-    text = _GROUPED_NUMBER.sub(lambda m: _SEP_RE.sub("", m.group()), text)
+    text = _UNCLOSED_BOX.sub("", text).replace("\u2212", "-").translate(_INVISIBLE)  # U+2212 MINUS SIGN
+    text = _GROUPED_NUMBER.sub(lambda m: _RUNNING_SEP_RE.sub("", m.group()), text)
     text = _LIST_COMMA.sub(", ", text)
-    text = _FRAC.sub(lambda m: f"{m.group(1) or m.group(2)}/{m.group(3) or m.group(4)} ", text)
+    text = _FRAC.sub(_fraction, text)
+    text = _SIGN_MARKUP.sub(_joined_sign, text)
     text = _OPERATOR.sub(lambda m: _OPERATORS[m.group()], text)
-    text = _MARKUP.sub(" ", _PERCENT.sub("%", text))
+    text = _MARKUP.sub(" ", _PERCENT.sub("%", _HTML_TAG.sub(" ", text)))
     text = _EMPHASIS.sub(r" \2 ", text)
     text = _PAREN_NUMBER.sub(r" \1 ", text)
     return _TOUCHING_PUNCT.sub(" ", text)
+
+
+def _fraction(match: re.Match) -> str:
+    r"""A `_FRAC` match as "a/b " (``\frac{1}{-2}`` -> "-1/2"); a mixed number as one improper fraction
+    (``2\frac{1}{2}`` -> "5/2", ``-1\frac{3}{4}`` -> "-7/4")."""
+    whole, numerator, denominator = match.group(1), match.group(2) or match.group(3), match.group(4) or match.group(5)
+    sign = "-" if numerator.startswith("-") != denominator.startswith("-") else ""
+    numerator, denominator = numerator.lstrip("-"), denominator.lstrip("-")
+    if whole is None:
+        return f"{sign}{numerator}/{denominator} "
+    try:
+        value = abs(int(whole)) + Fraction(numerator) / Fraction(denominator)
+    except (ValueError, ZeroDivisionError):
+        return f"{whole} {sign}{numerator}/{denominator} "
+    sign = "-" if whole.startswith("-") != (sign == "-") else ""
+    return f"{sign}{value.numerator}/{value.denominator} "
+
+
+def _joined_sign(match: re.Match) -> str:
+    """A `_SIGN_MARKUP` match: the sign joined to its number, unless a digit or closing bracket stands before it
+    (a binary minus, "$10 - $4", keeps its markup, which `_MARKUP` turns into spaces)."""
+    before = match.string[: match.start()].rstrip()
+    return match.group() if before and (before[-1].isdigit() or before[-1] in ")]}") else "-"
 
 
 def ascii_digits(text: str) -> str:

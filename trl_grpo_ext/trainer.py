@@ -90,7 +90,8 @@ class GRPOTrainer(FastGenerationHooks, EntropyRegHooks, GradRegHooks, PolicyGrou
             args = GRPOConfig.add_defaults(args)
         grouping = policy_grouping_requested(args) or policy_group_fn is not None
         check_policy_group_setup(args, grouping)
-        check_dataset_columns(train_dataset, reward_funcs, args)  # before the model is loaded
+        eval_dataset = more[0] if more else kwargs.get("eval_dataset")
+        check_dataset_columns(train_dataset, reward_funcs, args, eval_dataset)  # before the model is loaded
         if grouping:
             train_dataset = with_row_column(train_dataset)
         super().__init__(model, reward_funcs, args, train_dataset, *more, **kwargs)

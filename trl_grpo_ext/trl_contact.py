@@ -11,10 +11,10 @@ are overridden and some private attributes are read. All of that happens here an
 - The functions below (`metrics`, `micro_step`, `output_dir`, `grad_norm`, `save_checkpoint`, `stop_memory_tracking`,
   `repeat_sampler_fields`, `GRPOLoopState`, ...) are the only readers and writers of private attributes.
 - `check_contact_surface()` runs when this module is imported: every private method must exist with the parameters
-  it was written against, every private attribute must still be set where it was, and no hook name may collide with
-  a name TRL has. A mismatch raises `TRLCompatibilityError` naming the method or attribute and the supported
-  versions, so an upgrade fails at import instead of silently changing training. Versions outside `SUPPORTED` whose
-  surface still matches only log a warning.
+  it was written against, every private attribute must still be set where it was, every transformers internal of
+  `TRANSFORMERS_INTERNALS` must exist, and no hook name may collide with a name TRL has. A mismatch raises
+  `TRLCompatibilityError` naming the method or attribute and the supported versions, so an upgrade fails at import
+  instead of silently changing training. Versions outside `SUPPORTED` whose surface still matches only log a warning.
 
 Written against trl 1.16.0 and transformers 5.24.0 (`WRITTEN_AGAINST`); the test suite also runs against the oldest
 versions `SUPPORTED` allows (`.ci/run`).
@@ -72,7 +72,8 @@ PRIVATE_METHODS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "_get_grad_norm": ("transformers 5.24.0 Trainer", ("self", "model"), ()),
     "_get_output_dir": ("transformers 5.24.0 Trainer", ("self", "trial"), ()),
 }
-# instance attributes read or written, and the class whose source sets them
+# instance attributes read or written, and the class whose source sets them (trl 1.16.0 GRPOTrainer, transformers
+# 5.24.0 Trainer: `ATTRIBUTE_OWNERS`)
 PRIVATE_ATTRIBUTES: dict[str, type] = {
     "_step": TRLGRPOTrainer,  # micro-steps since the start: which buffered batch a micro-step trains on
     "_buffered_inputs": TRLGRPOTrainer,  # the generation batch split into `steps_per_generation` micro-batches
@@ -81,6 +82,15 @@ PRIVATE_ATTRIBUTES: dict[str, type] = {
     "_globalstep_last_logged": transformers.Trainer,
     "_memory_tracker": transformers.Trainer,  # memory metrics of a `train()` call, started where it starts
 }
+ATTRIBUTE_OWNERS = {TRLGRPOTrainer: "trl 1.16.0 GRPOTrainer", transformers.Trainer: "transformers 5.24.0 Trainer"}
+# transformers internals that the opt-in fast generation (`trl_grpo_ext.generation`) uses, each written against
+# transformers 5.24.0 (and present from 5.18): `compile_config_all_devices`, `compiles_in_one_graph` and
+# `drop_repeated_input_grad_hooks` below.
+TRANSFORMERS_INTERNALS = (
+    "CompileConfig._compile_all_devices",  # compile the decode step off CUDA
+    "PreTrainedModel._can_compile_fullgraph",  # whether a model class compiles in one graph
+    "PreTrainedModel.enable_input_require_grads registers make_inputs_require_grads",  # the hook found by name
+)
 REPEAT_SAMPLER_FIELDS = ("generator", "seed", "num_samples", "shuffle")
 
 
@@ -95,17 +105,26 @@ def hook_name(method: str) -> str:
     return "hook_" + method.lstrip("_")
 
 
-def check_contact_surface(trainer_class: type = TRLGRPOTrainer, sampler_class: type = RepeatSampler) -> None:
-    """Check that TRL's trainer still has every private method and attribute this package relies on.
+def check_contact_surface(
+    trainer_class: type = TRLGRPOTrainer,
+    sampler_class: type = RepeatSampler,
+    compile_config_class: type | None = None,
+    model_class: type = transformers.PreTrainedModel,
+) -> None:
+    """Check that TRL's trainer still has every private method and attribute this package relies on, and
+    transformers every internal in `TRANSFORMERS_INTERNALS`.
 
     Args:
         trainer_class: the class to check (TRL's `GRPOTrainer`; a test passes a changed subclass).
         sampler_class: TRL's `RepeatSampler`, whose fields `EpochSeededSampler` reseeds.
+        compile_config_class: transformers' `CompileConfig` (None: the installed one).
+        model_class: transformers' `PreTrainedModel`.
 
     Raises:
         TRLCompatibilityError: a method is missing or its leading parameters differ, a needed keyword parameter is
-            gone, a private attribute is no longer set by the class that set it, a sampler field is missing, or a
-            hook name is taken by TRL. The message names it and the supported versions.
+            gone, a private attribute is no longer set by the class that set it, a sampler field is missing, a
+            transformers internal is gone, or a hook name is taken by TRL. The message names it, the version it
+            was written against and the supported versions.
     """
     problems = []
     for name, (owner, leading, named) in PRIVATE_METHODS.items():
@@ -127,9 +146,11 @@ def check_contact_surface(trainer_class: type = TRLGRPOTrainer, sampler_class: t
             }
             sources[owner] = "".join(Path(f).read_text() for f in sorted(files))
         if f"self.{attribute} =" not in sources[owner]:
-            problems.append(f"{owner.__name__} no longer sets self.{attribute}")
+            written = ATTRIBUTE_OWNERS.get(PRIVATE_ATTRIBUTES[attribute], "")
+            problems.append(f"{owner.__name__} no longer sets self.{attribute} (written against {written})")
     sampler = sampler_class(range(2), mini_repeat_count=1, seed=0)
     problems += [f"RepeatSampler has no field {f!r}" for f in REPEAT_SAMPLER_FIELDS if not hasattr(sampler, f)]
+    problems += _missing_transformers_internals(compile_config_class, model_class)
     if problems:
         raise TRLCompatibilityError(
             "trl_grpo_ext does not fit this TRL/transformers (" + _versions() + "): " + "; ".join(problems)
@@ -337,6 +358,19 @@ class GRPOLoopState:
             trainer._trl_grpo_ext_pending_loss = None
 
 
+def _missing_transformers_internals(compile_config_class: type | None, model_class: type) -> list[str]:
+    """The entries of `TRANSFORMERS_INTERNALS` that `compile_config_class` / `model_class` lack, as problems."""
+    if compile_config_class is None:
+        from transformers.generation.configuration_utils import CompileConfig as compile_config_class
+    found = (
+        "_compile_all_devices" in vars(compile_config_class),
+        hasattr(model_class, "_can_compile_fullgraph"),
+        f"def {_GRAD_HOOK}(" in inspect.getsource(model_class.enable_input_require_grads),
+    )
+    return [f"transformers {name} is gone (written against 5.24.0)" for name, ok in zip(TRANSFORMERS_INTERNALS, found,
+                                                                                   strict=True) if not ok]  # fmt: skip
+
+
 def compile_config_all_devices():
     """transformers' `CompileConfig` for a compiled decode step off CUDA (`_compile_all_devices`, private).
 
@@ -355,10 +389,10 @@ def compile_config_all_devices():
     return config
 
 
-def compiles_in_one_graph(model_class: type) -> bool | None:
+def compiles_in_one_graph(model_class: type) -> bool:
     """transformers' private flag `_can_compile_fullgraph` of a model class (whether its tests compile the forward
-    in one graph); None when this transformers no longer has the flag (then nothing is known)."""
-    return getattr(model_class, "_can_compile_fullgraph", None)
+    in one graph; its presence is checked at import, `TRANSFORMERS_INTERNALS`)."""
+    return model_class._can_compile_fullgraph
 
 
 _GRAD_HOOK = "make_inputs_require_grads"  # transformers' PreTrainedModel.enable_input_require_grads

@@ -176,7 +176,7 @@ class FastGenerationHooks:
             from peft import PeftModel
 
             generator = type(policy.get_base_model() if isinstance(policy, PeftModel) else policy)
-            if compiles_in_one_graph(generator) is False:
+            if not compiles_in_one_graph(generator):
                 logger.warning(
                     "generation_compile=True: transformers does not mark %s as compiling in one graph "
                     "(_can_compile_fullgraph is False), so its decode step may break into several graphs and gain "
