@@ -344,9 +344,10 @@ def test_a_trl_that_no_longer_generates_through_generate_fails_loudly(tiny_model
     ("overrides", "match"),
     [
         ({"generation_lora_merge": "merge"}, r"generation_lora_merge must be one of \['none', 'inplace', 'copy'\]"),
-        ({"generation_compile": "yes"}, "generation_compile must be true or false, got 'yes'"),
-        ({"generation_max_prompt_length": 2.5}, "generation_max_prompt_length must be an integer >= 1, got 2.5"),
-        ({"generation_compile": True, "generation_max_prompt_length": 0}, "must be an integer >= 1, got 0"),
+        ({"generation_compile": "maybe"}, "generation_compile must be true or false, got 'maybe'"),
+        ({"generation_max_prompt_length": 2.5},
+         "generation_max_prompt_length must be an integer >= 1, or None, got 2.5"),
+        ({"generation_compile": True, "generation_max_prompt_length": 0}, "must be an integer >= 1, or None, got 0"),
         ({"generation_compile": True, "use_transformers_continuous_batching": True},
          "use_transformers_continuous_batching=True generates another way"),
         ({"generation_lora_merge": "copy", "use_vllm": True}, "use_vllm=True generates another way"),

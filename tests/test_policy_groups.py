@@ -364,13 +364,13 @@ def test_callable_assignment_and_small_groups_merge(tiny_model_dir, tmp_path, ca
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("policy_group_eta", -1.0, r"policy_group_eta must be in \(0, 10\], got -1.0"),
+        ("policy_group_eta", -1.0, r"policy_group_eta must be a finite number in \(0, 10\], got -1.0"),
         ("policy_group_sampling", "greedy", "policy_group_sampling must be one of"),
         ("policy_group_weight_min", 1.5, "policy_group_weight_min"),
         ("num_policy_groups", 20, r"num_policy_groups \(20\) <= max_policy_groups \(8\)"),
-        ("policy_group_update_steps", 0, "policy_group_update_steps must be >= 1, got 0"),
+        ("policy_group_update_steps", 0, "policy_group_update_steps must be an integer >= 1, got 0"),
         ("advantage_baseline", "batch", "advantage_baseline must be one of"),
-        ("policy_group_refine_parts", 1, "policy_group_refine_parts must be >= 2, got 1"),
+        ("policy_group_refine_parts", 1, "policy_group_refine_parts must be an integer >= 2, got 1"),
     ],
 )
 def test_config_values_out_of_range_are_named(field, value, message, tmp_path):

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from trl.trainer.grpo_config import GRPOConfig as TRLGRPOConfig  # TRL's class, also after register()
 
+from .field_checks import Range, check_declarations, check_field
+
 POLICY_GROUP_FEATURES = ("tfidf", "embedding")
 POLICY_GROUP_WEIGHT_RULES = ("learnability", "progress", "deficit")
 POLICY_GROUP_SAMPLING = ("learnability", "uncertainty", "weighted", "uniform")
@@ -36,6 +38,13 @@ class GRPOConfig(TRLGRPOConfig):
     This class is a drop-in replacement: `from trl_grpo_ext import GRPOConfig` instead of `from trl import GRPOConfig`
     changes nothing until one of this package's settings is turned on. With every setting at its default, a run is
     numerically identical to stock TRL GRPO (`tests/test_equivalence.py` proves it).
+
+    Every field below is checked when the config is built, its feature on or off, by its type and the range
+    `FIELD_RANGES` declares (`field_checks.check_field`; strings are read as TrlParser reads the command line).
+
+    Raises:
+        ValueError: a field of this package with a value of the wrong kind or out of its range ("<field> must be
+            <what it allows>, got <value>"), or settings that contradict each other, naming the fields.
 
     Parameters:
         > Parameters that control dynamic policy grouping
@@ -214,13 +223,16 @@ class GRPOConfig(TRLGRPOConfig):
         },
     )
     num_policy_groups: int = field(
-        default=4, metadata={"help": "Number of k-means clusters when grouping by policy_group_features alone."}
+        default=4,
+        metadata={
+            "help": "Number of k-means clusters when grouping by policy_group_features alone.",
+        },
     )
     policy_group_refine_step: int | None = field(
         default=None,
         metadata={
             "help": "Coarse to fine: at this global step, split each group into policy_group_refine_parts k-means "
-            "sub-clusters, keeping at most max_policy_groups."
+            "sub-clusters, keeping at most max_policy_groups.",
         },
     )
     policy_group_refine_parts: int = field(
@@ -230,13 +242,19 @@ class GRPOConfig(TRLGRPOConfig):
     min_policy_groups: int = field(default=2, metadata={"help": "Lower bound on the number of policy groups."})
     policy_group_min_size: int = field(
         default=8,
-        metadata={"help": "Fewest prompts a policy group may have; smaller groups merge into the nearest one."},
+        metadata={
+            "help": "Fewest prompts a policy group may have; smaller groups merge into the nearest one.",
+        },
     )
     policy_group_ema: float = field(
-        default=0.9, metadata={"help": "Decay of the moving averages of each group's statistics."}
+        default=0.9,
+        metadata={
+            "help": "Decay of the moving averages of each group's statistics.",
+        },
     )
     policy_group_update_steps: int = field(
-        default=10, metadata={"help": "Global steps between two weight updates (the progress window)."}
+        default=10,
+        metadata={"help": "Global steps between two weight updates (the progress window)."},
     )
     policy_group_weight_rule: str = field(
         default="learnability",
@@ -250,9 +268,11 @@ class GRPOConfig(TRLGRPOConfig):
     policy_group_eta: float = field(default=0.1, metadata={"help": "Step size eta of the weight update."})
     policy_group_progress_halflife: float = field(
         default=48.0,
-        metadata={"help": "learnability rule: completions in a group's start reward, half-life in completions of its "
-                  "recent reward EMA."},
-    )  # fmt: skip
+        metadata={
+            "help": "learnability rule: completions in a group's start reward, half-life in completions of its recent "
+            "reward EMA.",
+        },
+    )
     policy_group_weight_min: float = field(default=0.05, metadata={"help": "Lower bound of a group weight."})
     policy_group_weight_max: float = field(default=2.0, metadata={"help": "Upper bound of a group weight."})
     policy_group_loss_weighting: bool = field(
@@ -268,7 +288,10 @@ class GRPOConfig(TRLGRPOConfig):
         },
     )
     policy_group_sampling_floor: float = field(
-        default=0.05, metadata={"help": "Every group is drawn with probability at least floor / number of groups."}
+        default=0.05,
+        metadata={
+            "help": "Every group is drawn with probability at least floor / number of groups.",
+        },
     )
     advantage_baseline: str = field(
         default="prompt",
@@ -279,13 +302,20 @@ class GRPOConfig(TRLGRPOConfig):
         },
     )
     policy_group_regroup_steps: int | None = field(
-        default=None, metadata={"help": "Global steps between two merge/split checks; unset: no regrouping."}
+        default=None,
+        metadata={"help": "Global steps between two merge/split checks; unset: no regrouping."},
     )
     policy_group_merge_tol: float = field(
-        default=0.05, metadata={"help": "Merge two groups whose EMA reward and reward std differ by less than this."}
+        default=0.05,
+        metadata={
+            "help": "Merge two groups whose EMA reward and reward std differ by less than this.",
+        },
     )
     policy_group_split_gap: float = field(
-        default=0.6, metadata={"help": "Gap between 2-means centres of per-prompt success rates that is bimodal."}
+        default=0.6,
+        metadata={
+            "help": "Gap between 2-means centres of per-prompt success rates that is bimodal.",
+        },
     )
 
     entropy_reg: list[str] = field(
@@ -299,28 +329,44 @@ class GRPOConfig(TRLGRPOConfig):
         default=False, metadata={"help": "With target and policy groups: one controller per policy group."}
     )
     entropy_pi_kp: float = field(
-        default=0.5, metadata={"help": "Proportional gain of the target controller (coefficient per nat)."}
+        default=0.5,
+        metadata={
+            "help": "Proportional gain of the target controller (coefficient per nat).",
+        },
     )
     entropy_pi_ki: float = field(
-        default=0.02, metadata={"help": "Integral gain of the target controller (coefficient per nat per step)."}
+        default=0.02,
+        metadata={
+            "help": "Integral gain of the target controller (coefficient per nat per step).",
+        },
     )
     entropy_pi_horizon: float = field(
         default=12.0,
-        metadata={"help": "Steps ahead the target controller looks when the entropy falls (0: plain PI control)."},
+        metadata={
+            "help": "Steps ahead the target controller looks when the entropy falls (0: plain PI control).",
+        },
     )
     clip_cov_ratio: float = field(
-        default=0.0002, metadata={"help": "Clip-Cov: fraction of completion tokens whose gradient is detached."}
+        default=0.0002,
+        metadata={
+            "help": "Clip-Cov: fraction of completion tokens whose gradient is detached.",
+        },
     )
     clip_cov_lb: float = field(default=1.0, metadata={"help": "Clip-Cov: lower bound of the covariance range."})
     clip_cov_ub: float = field(default=5.0, metadata={"help": "Clip-Cov: upper bound of the covariance range."})
     kl_cov_ratio: float = field(
-        default=0.002, metadata={"help": "KL-Cov: fraction of completion tokens (top by covariance) penalized."}
+        default=0.002,
+        metadata={
+            "help": "KL-Cov: fraction of completion tokens (top by covariance) penalized.",
+        },
     )
     kl_cov_coef: float = field(
-        default=1.0, metadata={"help": "KL-Cov: coefficient of the penalty |log pi - log pi_old|."}
+        default=1.0,
+        metadata={"help": "KL-Cov: coefficient of the penalty |log pi - log pi_old|."},
     )
     entropy_advantage_coef: float = field(
-        default=0.05, metadata={"help": "tau of the advantage mode, in advantage units per nat."}
+        default=0.05,
+        metadata={"help": "tau of the advantage mode, in advantage units per nat."},
     )
     grad_reg: list[str] = field(
         default_factory=list,
@@ -329,18 +375,35 @@ class GRPOConfig(TRLGRPOConfig):
             "optimizer steps whose gradient norm is NaN or Inf. Needs max_grad_norm > 0.",
         },
     )
-    zclip_alpha: float = field(default=0.97, metadata={"help": "Decay of ZClip's moving mean and variance."})
+    zclip_alpha: float = field(
+        default=0.97,
+        metadata={
+            "help": "Decay of ZClip's moving mean and variance.",
+        },
+    )
     zclip_z_threshold: float = field(default=2.5, metadata={"help": "z-score above which ZClip clips."})
     zclip_warmup_steps: int = field(
         default=25, metadata={"help": "Optimizer steps whose norms start ZClip's statistics."}
     )
-    agc_clip: float = field(default=0.01, metadata={"help": "AGC's lambda: unit gradient norm <= lambda ||W||."})
-    agc_eps: float = field(default=0.001, metadata={"help": "AGC's epsilon, the smallest weight norm used."})
+    agc_clip: float = field(
+        default=0.01,
+        metadata={"help": "AGC's lambda: unit gradient norm <= lambda ||W||."},
+    )
+    agc_eps: float = field(
+        default=0.001,
+        metadata={"help": "AGC's epsilon, the smallest weight norm used."},
+    )
     grad_reg_max_skips: int = field(
-        default=10, metadata={"help": "Consecutive skipped steps after which training saves a checkpoint and stops."}
+        default=10,
+        metadata={
+            "help": "Consecutive skipped steps after which training saves a checkpoint and stops.",
+        },
     )
     kl_target: float | None = field(
-        default=None, metadata={"help": "Adaptive KL (arXiv:1909.08593): target KL in nats per token. Needs beta > 0."}
+        default=None,
+        metadata={
+            "help": "Adaptive KL (arXiv:1909.08593): target KL in nats per token. Needs beta > 0.",
+        },
     )
     kl_horizon: int = field(default=10000, metadata={"help": "Adaptive KL's horizon, in completions."})
 
@@ -355,7 +418,7 @@ class GRPOConfig(TRLGRPOConfig):
         default=None,
         metadata={
             "help": "Prompt tokens the static cache of generation_compile holds (cache = this + "
-            "max_completion_length). Unset: the first batch's longest prompt rounded up to 64."
+            "max_completion_length). Unset: the first batch's longest prompt rounded up to 64.",
         },
     )
     generation_lora_merge: str = field(
@@ -375,6 +438,12 @@ class GRPOConfig(TRLGRPOConfig):
     def _check_fields(self) -> None:
         """This package's checks (also run on a TRL config by `add_defaults`). Raises ValueError naming the field."""
         cls = GRPOConfig  # named, not looked up on `self`: a TRL config has none of these methods
+        for f in own_fields():  # each field by its type and declared range (`field_checks`), feature on or off
+            meta = f.metadata
+            choices = meta.get("choices") or FIELD_MODES.get(f.name)
+            annotation = GRPOConfig.__annotations__[f.name]  # not f.type: HfArgumentParser rewrites that in place
+            value = check_field(f.name, getattr(self, f.name), annotation, FIELD_RANGES.get(f.name), choices)
+            setattr(self, f.name, value)
         for check in (cls._check_trl_fields, cls._check_policy_group_fields, cls._check_entropy_reg_fields,
                       cls._check_grad_reg_fields, cls._check_generation_fields):  # fmt: skip
             check(self)
@@ -389,29 +458,7 @@ class GRPOConfig(TRLGRPOConfig):
             )
 
     def _check_policy_group_fields(self) -> None:
-        choices = {
-            "policy_group_features": (self.policy_group_features, (None, *POLICY_GROUP_FEATURES)),
-            "policy_group_weight_rule": (self.policy_group_weight_rule, POLICY_GROUP_WEIGHT_RULES),
-            "policy_group_sampling": (self.policy_group_sampling, POLICY_GROUP_SAMPLING),
-            "advantage_baseline": (self.advantage_baseline, ADVANTAGE_BASELINES),
-        }
-        for name, (value, allowed) in choices.items():
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
-        at_least_one = {
-            "num_policy_groups": self.num_policy_groups,
-            "policy_group_refine_parts": self.policy_group_refine_parts,
-            "min_policy_groups": self.min_policy_groups,
-            "policy_group_min_size": self.policy_group_min_size,
-            "policy_group_update_steps": self.policy_group_update_steps,
-            "policy_group_refine_step": self.policy_group_refine_step,
-            "policy_group_regroup_steps": self.policy_group_regroup_steps,
-        }
-        for name, value in at_least_one.items():
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if self.policy_group_refine_parts < 2:
-            raise ValueError(f"policy_group_refine_parts must be >= 2, got {self.policy_group_refine_parts}")
+        """Rules between policy-group fields (each field alone is checked by its declaration)."""
         if self.advantage_baseline == "policy_group" and self.multi_objective_aggregation != "sum_then_normalize":
             raise ValueError(
                 "advantage_baseline='policy_group' works on the weighted sum of rewards: it needs "
@@ -422,26 +469,6 @@ class GRPOConfig(TRLGRPOConfig):
                 f"need min_policy_groups ({self.min_policy_groups}) <= num_policy_groups ({self.num_policy_groups}) "
                 f"<= max_policy_groups ({self.max_policy_groups})"
             )
-        if not 0.0 <= self.policy_group_ema < 1.0:
-            raise ValueError(f"policy_group_ema must be in [0, 1), got {self.policy_group_ema}")
-        if not 0.0 < self.policy_group_eta <= 10.0:
-            raise ValueError(f"policy_group_eta must be in (0, 10], got {self.policy_group_eta}")
-        if not (math.isfinite(self.policy_group_progress_halflife) and self.policy_group_progress_halflife > 0):
-            raise ValueError(
-                f"policy_group_progress_halflife must be > 0 completions, got {self.policy_group_progress_halflife}"
-            )
-        if not 0.0 <= self.policy_group_sampling_floor <= 1.0:
-            raise ValueError(f"policy_group_sampling_floor must be in [0, 1], got {self.policy_group_sampling_floor}")
-        if not 0.0 < self.policy_group_weight_min <= 1.0 <= self.policy_group_weight_max:
-            raise ValueError(
-                f"need 0 < policy_group_weight_min ({self.policy_group_weight_min}) <= 1 <= policy_group_weight_max "
-                f"({self.policy_group_weight_max}): weights have mean 1"
-            )
-        if self.policy_group_merge_tol < 0 or not 0 < self.policy_group_split_gap <= 1:
-            raise ValueError(
-                f"need policy_group_merge_tol >= 0 (got {self.policy_group_merge_tol}) and 0 < policy_group_split_gap "
-                f"<= 1 (got {self.policy_group_split_gap})"
-            )
         if policy_grouping_requested(self) and self.remove_unused_columns:
             raise ValueError(
                 "policy grouping needs remove_unused_columns=False (got True): the trainer reads each row's policy "
@@ -449,7 +476,7 @@ class GRPOConfig(TRLGRPOConfig):
             )
 
     def _check_entropy_reg_fields(self) -> None:
-        self.entropy_reg = _mode_list("entropy_reg", self.entropy_reg, ENTROPY_REG_MODES)
+        """Rules between entropy fields and with TRL's (each field of ours alone is checked by its declaration)."""
         modes = self.entropy_reg
         if modes and (self.use_adaptive_entropy or self.entropy_coef != 0.0):
             raise ValueError(
@@ -469,67 +496,29 @@ class GRPOConfig(TRLGRPOConfig):
         if self.entropy_target_per_group and "target" not in modes:
             raise ValueError(f"entropy_target_per_group=True needs 'target' in entropy_reg (got {modes})")
         if "target" in modes:
-            _check_finite(entropy_target=self.entropy_target, entropy_pi_kp=self.entropy_pi_kp,
-                          entropy_pi_ki=self.entropy_pi_ki)  # fmt: skip
-            if not (math.isfinite(self.entropy_pi_horizon) and self.entropy_pi_horizon >= 0):
-                raise ValueError(f"entropy_pi_horizon must be >= 0 optimizer steps, got {self.entropy_pi_horizon}")
+            _check_finite(entropy_target=self.entropy_target)
             if self.entropy_target <= 0:
                 raise ValueError(f"entropy_reg 'target' needs entropy_target > 0 nats, got {self.entropy_target}")
-            if self.entropy_pi_kp < 0 or self.entropy_pi_ki < 0 or self.entropy_pi_kp + self.entropy_pi_ki == 0:
+            if self.entropy_pi_kp + self.entropy_pi_ki == 0:
                 raise ValueError(
-                    f"entropy_pi_kp ({self.entropy_pi_kp}) and entropy_pi_ki ({self.entropy_pi_ki}) must be >= 0, "
-                    "not both 0"
+                    f"entropy_pi_kp ({self.entropy_pi_kp}) and entropy_pi_ki ({self.entropy_pi_ki}) cannot both be 0"
                 )
             if not 0.0 <= self.entropy_coef_min < self.entropy_coef_max:
                 raise ValueError(
                     f"need 0 <= entropy_coef_min ({self.entropy_coef_min}) < entropy_coef_max "
                     f"({self.entropy_coef_max})"
                 )
-        _check_finite(clip_cov_ratio=self.clip_cov_ratio, kl_cov_ratio=self.kl_cov_ratio, clip_cov_lb=self.clip_cov_lb,
-                      clip_cov_ub=self.clip_cov_ub, kl_cov_coef=self.kl_cov_coef,
-                      entropy_advantage_coef=self.entropy_advantage_coef)  # fmt: skip
-        for name in ("clip_cov_ratio", "kl_cov_ratio"):
-            if not 0.0 < getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
         if self.clip_cov_lb >= self.clip_cov_ub:
             raise ValueError(f"need clip_cov_lb ({self.clip_cov_lb}) < clip_cov_ub ({self.clip_cov_ub})")
-        for name in ("kl_cov_coef", "entropy_advantage_coef"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
     def _check_grad_reg_fields(self) -> None:
-        self.grad_reg = _mode_list("grad_reg", self.grad_reg, GRAD_REG_MODES)
+        """Rules between gradient-regularization fields and TRL's (each field of ours alone is checked by its
+        declaration)."""
         if self.grad_reg and not (self.max_grad_norm is not None and self.max_grad_norm > 0):
             raise ValueError(
                 f"grad_reg={self.grad_reg} works where the Trainer clips gradients: it needs max_grad_norm > 0, got "
                 f"{self.max_grad_norm}"
             )
-        _check_finite(zclip_alpha=self.zclip_alpha, zclip_z_threshold=self.zclip_z_threshold, agc_clip=self.agc_clip,
-                      agc_eps=self.agc_eps, kl_target=self.kl_target)  # fmt: skip
-        if not 0.0 < self.zclip_alpha < 1.0:
-            raise ValueError(f"zclip_alpha must be in (0, 1), got {self.zclip_alpha}")
-        for name in ("zclip_warmup_steps", "grad_reg_max_skips", "kl_horizon"):
-            value = getattr(self, name)
-            if (
-                not isinstance(value, int)
-                or isinstance(value, bool)
-                or value < (2 if name == "zclip_warmup_steps" else 1)
-            ):
-                least = (
-                    "an integer >= 2 (the warm-up estimates a variance)"
-                    if name == "zclip_warmup_steps"
-                    else ("an integer >= 1")
-                )
-                raise ValueError(f"{name} must be {least}, got {value!r}")
-        positive = {
-            "zclip_z_threshold": self.zclip_z_threshold,
-            "agc_clip": self.agc_clip,
-            "agc_eps": self.agc_eps,
-            "kl_target": self.kl_target,
-        }
-        for name, value in positive.items():
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
         if self.kl_target is not None and not self.beta > 0:
             raise ValueError(
                 f"kl_target ({self.kl_target}) adapts beta multiplicatively: it needs beta > 0 at the start, got "
@@ -537,15 +526,7 @@ class GRPOConfig(TRLGRPOConfig):
             )
 
     def _check_generation_fields(self) -> None:
-        if self.generation_lora_merge not in GENERATION_LORA_MERGE:
-            allowed, value = list(GENERATION_LORA_MERGE), self.generation_lora_merge
-            raise ValueError(f"generation_lora_merge must be one of {allowed}, got {value!r}")
-        if not isinstance(self.generation_compile, bool):
-            raise ValueError(f"generation_compile must be true or false, got {self.generation_compile!r}")
-        length = self.generation_max_prompt_length
-        if length is not None:
-            if not isinstance(length, int) or isinstance(length, bool) or length < 1:
-                raise ValueError(f"generation_max_prompt_length must be an integer >= 1, got {length!r}")
+        """Rules between fast-generation fields and TRL's (each field of ours alone is checked by its declaration)."""
         levers = generation_levers(self)
         if not levers:
             return
@@ -591,27 +572,53 @@ class GRPOConfig(TRLGRPOConfig):
         return args
 
 
-def _mode_list(name: str, value, allowed: tuple[str, ...]) -> list[str]:
-    """`value` (a list, or a comma-separated string from a YAML or the command line, whose parser gives a list of such
-    strings) as a list of modes.
+# What each number field of this package accepts beyond its type (`field_checks`): a new int or float field needs an
+# entry (`field_checks.check_declarations` refuses to import without one). HfArgumentParser hands a field's metadata to
+# argparse as keyword arguments, so the ranges live here rather than in the metadata.
+FIELD_RANGES = {
+    "num_policy_groups": Range(1),
+    "policy_group_refine_step": Range(1),
+    "policy_group_refine_parts": Range(2),
+    "max_policy_groups": Range(1),
+    "min_policy_groups": Range(1),
+    "policy_group_min_size": Range(1),
+    "policy_group_ema": Range(0, 1, high_open=True),
+    "policy_group_update_steps": Range(1),
+    "policy_group_eta": Range(0, 10, low_open=True),
+    "policy_group_progress_halflife": Range(0, 1e6, low_open=True),
+    "policy_group_weight_min": Range(0, 1, low_open=True),
+    "policy_group_weight_max": Range(1, 1000),
+    "policy_group_sampling_floor": Range(0, 1),
+    "policy_group_regroup_steps": Range(1),
+    "policy_group_merge_tol": Range(0, 1e6),
+    "policy_group_split_gap": Range(0, 1, low_open=True),
+    "entropy_pi_kp": Range(0, 1000),
+    "entropy_pi_ki": Range(0, 1000),
+    "entropy_pi_horizon": Range(0, 10000),
+    "clip_cov_ratio": Range(0, 1, low_open=True),
+    "clip_cov_lb": Range(-1e9, 1e9),
+    "clip_cov_ub": Range(-1e9, 1e9),
+    "kl_cov_ratio": Range(0, 1, low_open=True),
+    "kl_cov_coef": Range(0, 1000),
+    "entropy_advantage_coef": Range(0, 1000),
+    "zclip_alpha": Range(0, 1, low_open=True, high_open=True),
+    "zclip_z_threshold": Range(0, 1000, low_open=True),
+    "zclip_warmup_steps": Range(2),
+    "agc_clip": Range(0, 1000, low_open=True),
+    "agc_eps": Range(0, 1, low_open=True),
+    "grad_reg_max_skips": Range(1),
+    "kl_target": Range(0, 1000, low_open=True),
+    "kl_horizon": Range(1),
+    "generation_max_prompt_length": Range(1),
+}
+# The modes each list field takes (one or more, comma-separated on the command line)
+FIELD_MODES = {"entropy_reg": ENTROPY_REG_MODES, "grad_reg": GRAD_REG_MODES}
 
-    Raises:
-        ValueError: not a string or a list of strings, or an unknown or repeated mode, naming the field.
-    """
-    items = [value] if isinstance(value, str) else value if isinstance(value, list | tuple) else None
-    if value is None:
-        items = []
-    if items is None or not all(isinstance(item, str) for item in items):
-        raise ValueError(
-            f"{name} must be a list of modes among {list(allowed)} or a comma-separated string, got {value!r}"
-        )
-    modes = [mode.strip() for item in items for mode in item.split(",") if mode.strip()]
-    for mode in modes:
-        if mode not in allowed:
-            raise ValueError(f"{name} entries must be among {list(allowed)}, got {mode!r}")
-    if len(set(modes)) != len(modes):
-        raise ValueError(f"{name} lists a mode twice: {modes}")
-    return modes
+
+def own_fields() -> list[dataclasses.Field]:
+    """The fields this package adds to TRL's `GRPOConfig`, in declaration order."""
+    trl_fields = {f.name for f in dataclasses.fields(TRLGRPOConfig)}
+    return [f for f in dataclasses.fields(GRPOConfig) if f.name not in trl_fields]
 
 
 def _check_finite(**values) -> None:
@@ -619,3 +626,6 @@ def _check_finite(**values) -> None:
     for name, value in values.items():
         if value is not None and not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number, got {value}")
+
+
+check_declarations(own_fields(), FIELD_RANGES, FIELD_MODES)

@@ -1,0 +1,224 @@
+"""Issue #14: every field this package adds to `GRPOConfig` is checked by its type and declared range, feature on or
+off. Nine values of the wrong kind or out of range go to every field: each that the field cannot take is refused with
+a `ValueError` naming the field, the value and what is allowed; the edge values each field can take are accepted.
+
+The expectations below are written out by hand for each field (not derived from the declarations they check)."""
+
+import math
+import re
+
+import pytest
+
+from trl_grpo_ext import GRPOConfig
+from trl_grpo_ext.config import own_fields
+
+# the nine values, by name
+WRONG = {
+    "nan": math.nan,
+    "inf": math.inf,
+    "-1": -1,
+    "-0.5": -0.5,
+    "1e12": 1e12,
+    "string": "abc",
+    "2.5": 2.5,
+    "list": [1],
+    "dict": {"a": 1},
+}
+# field -> (names of the nine values the field can take, edge values it takes, settings of other fields those need,
+#           what the error says is allowed)
+INT_1 = "an integer >= 1"
+FIELDS = {
+    "policy_group_column": (["string"], [None, "task"], {"remove_unused_columns": False},
+                            "a non-empty string, or None"),
+    "policy_group_features": ([], [None, "tfidf", "embedding"], {"remove_unused_columns": False},
+                              "one of ['tfidf', 'embedding'], or None"),
+    "num_policy_groups": ([], [2, 8], {}, INT_1),
+    "policy_group_refine_step": ([], [None, 1], {}, INT_1 + ", or None"),
+    "policy_group_refine_parts": ([], [2], {}, "an integer >= 2"),
+    "max_policy_groups": ([], [4, 1000], {}, INT_1),
+    "min_policy_groups": ([], [1, 4], {}, INT_1),
+    "policy_group_min_size": ([], [1], {}, INT_1),
+    "policy_group_ema": ([], [0.0, 0.999], {}, "a finite number in [0, 1)"),
+    "policy_group_update_steps": ([], [1], {}, INT_1),
+    "policy_group_weight_rule": ([], ["learnability", "progress", "deficit"], {},
+                                 "one of ['learnability', 'progress', 'deficit']"),
+    "policy_group_eta": (["2.5"], [1e-6, 10.0], {}, "a finite number in (0, 10]"),
+    "policy_group_progress_halflife": (["2.5"], [1e-3, 1e6], {}, "a finite number in (0, 1000000]"),
+    "policy_group_weight_min": ([], [1e-6, 1.0], {}, "a finite number in (0, 1]"),
+    "policy_group_weight_max": (["2.5"], [1.0, 1000.0], {}, "a finite number in [1, 1000]"),
+    "policy_group_loss_weighting": ([], [True, False, "true", "no"], {}, "true or false"),
+    "policy_group_sampling": ([], ["learnability", "uncertainty", "weighted", "uniform"], {},
+                              "one of ['learnability', 'uncertainty', 'weighted', 'uniform']"),
+    "policy_group_sampling_floor": ([], [0.0, 1.0], {}, "a finite number in [0, 1]"),
+    "advantage_baseline": ([], ["prompt", "policy_group"], {}, "one of ['prompt', 'policy_group']"),
+    "policy_group_regroup_steps": ([], [None, 1], {}, INT_1 + ", or None"),
+    "policy_group_merge_tol": (["2.5"], [0.0, 1e6], {}, "a finite number in [0, 1000000]"),
+    "policy_group_split_gap": ([], [1e-6, 1.0], {}, "a finite number in (0, 1]"),
+    "entropy_reg": ([], [[], "target", ["advantage", "clip_cov"], "kl_cov,target"], {}, "entropy_reg "),
+    "entropy_target_per_group": ([], [False, True], {"entropy_reg": "target"}, "true or false"),
+    "entropy_pi_kp": (["2.5"], [0.0, 1000.0], {}, "a finite number in [0, 1000]"),
+    "entropy_pi_ki": (["2.5"], [0.0, 1000.0], {}, "a finite number in [0, 1000]"),
+    "entropy_pi_horizon": (["2.5"], [0.0, 1e4], {}, "a finite number in [0, 10000]"),
+    "clip_cov_ratio": ([], [1e-6, 1.0], {}, "a finite number in (0, 1]"),
+    "clip_cov_lb": (["-1", "-0.5", "2.5"], [-1e9, 4.99], {}, "a finite number in [-1000000000, 1000000000]"),
+    "clip_cov_ub": (["-1", "-0.5", "2.5"], [1e9, -0.99], {"clip_cov_lb": -1.0 - 1e-6},
+                    "a finite number in [-1000000000, 1000000000]"),
+    "kl_cov_ratio": ([], [1e-6, 1.0], {}, "a finite number in (0, 1]"),
+    "kl_cov_coef": (["2.5"], [0.0, 1000.0], {}, "a finite number in [0, 1000]"),
+    "entropy_advantage_coef": (["2.5"], [0.0, 1000.0], {}, "a finite number in [0, 1000]"),
+    "grad_reg": ([], [[], "zclip", ["agc", "skip_nonfinite"]], {}, "grad_reg "),
+    "zclip_alpha": ([], [1e-6, 0.999], {}, "a finite number in (0, 1)"),
+    "zclip_z_threshold": (["2.5"], [1e-6, 1000.0], {}, "a finite number in (0, 1000]"),
+    "zclip_warmup_steps": ([], [2], {}, "an integer >= 2"),
+    "agc_clip": (["2.5"], [1e-6, 1000.0], {}, "a finite number in (0, 1000]"),
+    "agc_eps": ([], [1e-9, 1.0], {}, "a finite number in (0, 1]"),
+    "grad_reg_max_skips": ([], [1], {}, INT_1),
+    "kl_target": (["2.5"], [None, 1e-6, 1000.0], {"beta": 0.04}, "a finite number in (0, 1000], or None"),
+    "kl_horizon": ([], [1], {}, INT_1),
+    "generation_compile": ([], [True, False, "false", "1"], {}, "true or false"),
+    "generation_max_prompt_length": ([], [None, 1], {}, INT_1 + ", or None"),
+    "generation_lora_merge": ([], ["none", "inplace", "copy"], {}, "one of ['none', 'inplace', 'copy']"),
+}  # fmt: skip
+
+CASES = [(name, label) for name in FIELDS for label in WRONG]
+
+
+def _config(tmp_path, **fields) -> GRPOConfig:
+    return GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", **fields)
+
+
+def test_the_table_covers_every_field_of_this_package():
+    """A new field must get a row here (and so its wrong values tried)."""
+    assert sorted(FIELDS) == sorted(f.name for f in own_fields())
+    assert len(CASES) == 9 * len(FIELDS)
+
+
+@pytest.mark.parametrize(("name", "label"), CASES, ids=[f"{n}={label}" for n, label in CASES])
+def test_each_field_refuses_each_value_it_cannot_take(tmp_path, name, label):
+    takes, _, companions, allowed = FIELDS[name]
+    value = WRONG[label]
+    if label in takes:
+        assert getattr(_config(tmp_path, **companions, **{name: value}), name) == value
+        return
+    with pytest.raises(ValueError) as error:
+        _config(tmp_path, **companions, **{name: value})
+    message = str(error.value)
+    assert message.startswith(name), message
+    if name in ("entropy_reg", "grad_reg"):  # "must be a list of modes among [...]" or "entries must be among"
+        assert "among ['" in message and (repr(value) in message or repr("abc") in message), message
+    else:
+        assert message == f"{name} must be {allowed}, got {value!r}"
+
+
+@pytest.mark.parametrize("name", list(FIELDS))
+def test_each_field_takes_its_edge_values(tmp_path, name):
+    _, edges, companions, _ = FIELDS[name]
+    for value in edges:
+        config = _config(tmp_path, **companions, **{name: value})
+        if isinstance(value, str) and name in ("policy_group_loss_weighting", "generation_compile"):
+            assert getattr(config, name) is (value in ("true", "1"))  # read as TrlParser reads a bool
+        elif name in ("entropy_reg", "grad_reg"):
+            assert getattr(config, name) == [m.strip() for m in ([value] if isinstance(value, str) else value)
+                                             for m in m.split(",")]  # fmt: skip
+        else:
+            assert getattr(config, name) == value
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "value"),
+    [
+        ("policy_group_update_steps", "3", 3),
+        ("policy_group_eta", "0.5", 0.5),
+        ("entropy_pi_ki", "1e-3", 1e-3),
+        ("kl_target", "0.02", 0.02),
+        ("generation_compile", "true", True),
+        ("policy_group_loss_weighting", "False", False),
+        ("generation_max_prompt_length", " 320 ", 320),
+    ],
+)
+def test_strings_from_yaml_or_the_command_line_are_read_as_trl_parser_reads_them(tmp_path, name, text, value):
+    companions = {"beta": 0.04} if name == "kl_target" else {}
+    converted = getattr(_config(tmp_path, **companions, **{name: text}), name)
+    assert converted == value and type(converted) is type(value)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "allowed"),
+    [
+        ("policy_group_update_steps", "2.5", INT_1),  # argparse: invalid int value
+        ("zclip_warmup_steps", "3.0", "an integer >= 2"),
+        ("generation_compile", "maybe", "true or false"),
+        ("policy_group_eta", "fast", "a finite number in (0, 10]"),
+        ("policy_group_ema", "nan", "a finite number in [0, 1)"),
+        ("policy_group_column", "", "a non-empty string, or None"),
+    ],
+)
+def test_strings_trl_parser_would_refuse_are_refused(tmp_path, name, text, allowed):
+    with pytest.raises(ValueError, match=re.escape(f"{name} must be {allowed}, got {text!r}")):
+        _config(tmp_path, **{name: text})
+
+
+def test_the_issues_examples_are_refused_with_grouping_on(tmp_path):
+    grouping = {"policy_group_column": "task", "remove_unused_columns": False}
+    examples = {
+        "policy_group_update_steps": 2.5,
+        "policy_group_merge_tol": math.nan,
+        "policy_group_loss_weighting": "abc",
+        "policy_group_column": ["a"],
+    }
+    for name, value in examples.items():
+        with pytest.raises(ValueError, match=f"^{name} must be .*, got {re.escape(repr(value))}$"):
+            _config(tmp_path, **{**grouping, name: value, **({"policy_group_regroup_steps": 10})})
+
+
+def test_a_trl_config_gets_the_same_checks(tmp_path):
+    """A TRL `GRPOConfig` passed to our trainer is given our fields by `add_defaults`, which checks what a script set
+    on it itself."""
+    import trl
+
+    args = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
+    args.policy_group_eta = 2.5
+    args.kl_horizon = "10"
+    assert GRPOConfig.add_defaults(args) is args and args.kl_horizon == 10
+    args.policy_group_sampling_floor = 1.5
+    with pytest.raises(ValueError, match=r"policy_group_sampling_floor must be a finite number in \[0, 1\], got 1.5"):
+        GRPOConfig.add_defaults(args)
+
+
+def test_a_yaml_through_trl_parser_is_read_and_checked_like_the_command_line(tmp_path):
+    """TrlParser makes YAML values argparse defaults: a quoted number or "yes" is converted by the field's type, and
+    a value YAML itself types (`.nan`, a list) reaches the field check."""
+    from trl import TrlParser
+
+    base = ["--output_dir", str(tmp_path), "--use_cpu", "true", "--bf16", "false", "--report_to", "none"]
+    good = tmp_path / "good.yaml"
+    good.write_text('policy_group_eta: "0.5"\npolicy_group_loss_weighting: "yes"\nkl_horizon: "20"\n')
+    (args,) = TrlParser((GRPOConfig,)).parse_args_and_config([*base, "--config", str(good)])
+    assert (args.policy_group_eta, args.policy_group_loss_weighting, args.kl_horizon) == (0.5, True, 20)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("policy_group_merge_tol: .nan\n")
+    with pytest.raises(ValueError, match=r"^policy_group_merge_tol must be a finite number in \[0, 1000000\], got nan"):
+        TrlParser((GRPOConfig,)).parse_args_and_config([*base, "--config", str(bad)])
+
+
+def test_a_number_field_without_a_declared_range_cannot_be_imported():
+    """`check_declarations` runs when `trl_grpo_ext.config` is imported: a new int/float field with no entry in
+    FIELD_RANGES (or a list field with no modes, or an entry naming no field) is a TypeError, not an unchecked
+    field."""
+    import dataclasses
+
+    from trl_grpo_ext.config import FIELD_MODES, FIELD_RANGES
+    from trl_grpo_ext.field_checks import check_declarations
+
+    @dataclasses.dataclass
+    class WithNewFields:
+        new_rate: float = 0.1
+        new_modes: list[str] = dataclasses.field(default_factory=list)
+
+    fields = dataclasses.fields(WithNewFields)
+    with pytest.raises(TypeError, match="'new_rate' .* has no declared range in FIELD_RANGES"):
+        check_declarations(fields, {}, {"new_modes": ("a",)})
+    with pytest.raises(TypeError, match="'new_modes' .* has no declared modes in FIELD_MODES"):
+        check_declarations(fields, {"new_rate": FIELD_RANGES["policy_group_eta"]}, {})
+    with pytest.raises(TypeError, match=r"declare fields GRPOConfig does not have: \['entropy_reg'"):
+        check_declarations(fields, {"new_rate": FIELD_RANGES["policy_group_eta"]}, {"new_modes": ("a",), **FIELD_MODES})

@@ -1,0 +1,170 @@
+"""One check for every field `GRPOConfig` adds to TRL's: what a field accepts follows from its type annotation and
+the range its metadata declares (`Range`), so a new field gets its check by declaring it.
+
+A value arriving as a string (a quoted YAML number, a dict built by hand from text) is converted as `TrlParser`
+converts TRL's own fields on the command line: `int("3")`, `float("0.5")`, transformers' `string_to_bool` for
+booleans ("true", "yes", "1", ...). A string that would not convert there is refused here ("2.5" for an integer).
+Every refusal is a `ValueError` "<field> must be <what is allowed>, got <value>".
+
+Kinds, by annotation:
+    - `int`: an integer (not a bool, not 2.5 nor 3.0), at least `Range.low`.
+    - `float`: a finite number (ints welcome) in the declared interval.
+    - `bool`: True or False (or a string `string_to_bool` reads).
+    - `str`: a string, one of `choices` in the field's metadata when it has them (as HfArgumentParser's).
+    - `list[str]`: a list of mode names among `choices`, or one comma-separated string (`mode_list`).
+    - `X | None`: None, or a value of kind X.
+"""
+
+import argparse
+import math
+import types
+import typing
+from dataclasses import dataclass
+
+from transformers.hf_argparser import string_to_bool
+
+
+@dataclass(frozen=True)
+class Range:
+    """The numbers a field accepts: [low, high], an end left out when open (`low_open`, `high_open`) and unbounded
+    when None. For an integer field only `low` is used."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below
+
+    def text(self) -> str:
+        """'in (0, 1]', '>= 0' or '' (unbounded)."""
+        low, high = _number(self.low), _number(self.high)
+        if self.low is not None and self.high is not None:
+            return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {low}"
+        if self.high is not None:
+            return f"{'<' if self.high_open else '<='} {high}"
+        return ""
+
+
+def _number(x: float | None) -> str:
+    """1000000 rather than 1e+06, 0.5 as 0.5."""
+    return "" if x is None else str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _kind(annotation) -> tuple[type, bool]:
+    """(the base type, whether None is allowed) of an annotation such as `int`, `float | None`, `list[str]`."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _kind(args[0])[0], True
+    return (typing.get_origin(annotation) or annotation), False
+
+
+def allowed(annotation, spec: Range | None, choices) -> str:
+    """What a field accepts, in words, as the error message says it."""
+    base, optional = _kind(annotation)
+    bounds = spec.text() if spec is not None else ""
+    if base is bool:
+        text = "true or false"
+    elif base is int:
+        text = "an integer" + (f" {bounds}" if bounds else "")
+    elif base is float:
+        text = "a finite number" + (f" {bounds}" if bounds else "")
+    elif choices:
+        text = f"one of {list(choices)}"
+    else:
+        text = "a non-empty string"
+    return text + (", or None" if optional else "")
+
+
+def check_field(name: str, value, annotation, spec: Range | None = None, choices=None):
+    """`value` of field `name` converted to the field's kind, or a ValueError.
+
+    Args:
+        name: the field's name, for the message.
+        value: what the config holds.
+        annotation: the field's type annotation (`int`, `float | None`, `bool`, `str`, `list[str]`, ...).
+        spec: the declared range of a number field.
+        choices: the names a `str` or `list[str]` field accepts.
+
+    Returns:
+        The value, converted (a string to a number or bool; a list field to a list of modes).
+
+    Raises:
+        ValueError: "<name> must be <allowed>, got <value!r>" (the list messages of `mode_list`).
+    """
+    base, optional = _kind(annotation)
+    if base is list:
+        return mode_list(name, value, tuple(choices or ()))
+    if value is None and optional:
+        return None
+    converted = _convert(value, base)
+    if converted is None or (choices and converted not in choices):
+        raise ValueError(f"{name} must be {allowed(annotation, spec, choices)}, got {value!r}")
+    if base in (int, float) and not (math.isfinite(converted) and (spec is None or spec.holds(converted))):
+        raise ValueError(f"{name} must be {allowed(annotation, spec, choices)}, got {value!r}")
+    return converted
+
+
+def _convert(value, base: type):
+    """`value` as a `base` (int, float, bool or str) the way TrlParser reads the command line, or None."""
+    if isinstance(value, str) and base is not str:
+        try:
+            return string_to_bool(value) if base is bool else base(value.strip())
+        except (ValueError, argparse.ArgumentTypeError):  # what argparse reports as "invalid int value"
+            return None
+    if base is bool:
+        return value if isinstance(value, bool) else None
+    if isinstance(value, bool):
+        return None
+    if base is int:
+        return value if isinstance(value, int) else None
+    if base is float:
+        return float(value) if isinstance(value, int | float) else None
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def mode_list(name: str, value, choices: tuple[str, ...]) -> list[str]:
+    """`value` (a list, or a comma-separated string from a YAML or the command line, whose parser gives a list of such
+    strings) as a list of modes.
+
+    Raises:
+        ValueError: not a string or a list of strings, or an unknown or repeated mode, naming the field.
+    """
+    items = [value] if isinstance(value, str) else value if isinstance(value, list | tuple) else None
+    if value is None:
+        items = []
+    if items is None or not all(isinstance(item, str) for item in items):
+        raise ValueError(
+            f"{name} must be a list of modes among {list(choices)} or a comma-separated string, got {value!r}"
+        )
+    modes = [mode.strip() for item in items for mode in item.split(",") if mode.strip()]
+    for mode in modes:
+        if mode not in choices:
+            raise ValueError(f"{name} entries must be among {list(choices)}, got {mode!r}")
+    if len(set(modes)) != len(modes):
+        raise ValueError(f"{name} lists a mode twice: {modes}")
+    return modes
+
+
+def check_declarations(fields, ranges: dict[str, Range], modes: dict[str, tuple[str, ...]]) -> None:
+    """Every int or float field has a declared `Range`, every list field its modes, and nothing is declared for a
+    field that does not exist: checked when `config` is imported, so a new field cannot go unchecked.
+
+    Raises:
+        TypeError: naming the field that lacks a declaration, or the declaration that names no field.
+    """
+    names = {f.name for f in fields}
+    for f in fields:
+        base, _ = _kind(f.type)  # at import, before any HfArgumentParser has rewritten an Optional field's type
+        if base in (int, float) and f.name not in ranges:
+            raise TypeError(f"GRPOConfig field {f.name!r} ({f.type}) has no declared range in FIELD_RANGES")
+        if base is list and f.name not in modes:
+            raise TypeError(f"GRPOConfig field {f.name!r} ({f.type}) has no declared modes in FIELD_MODES")
+    unknown = sorted((set(ranges) | set(modes)) - names)
+    if unknown:
+        raise TypeError(f"FIELD_RANGES/FIELD_MODES declare fields GRPOConfig does not have: {unknown}")
