@@ -197,7 +197,9 @@ def test_a_yaml_through_trl_parser_is_read_and_checked_like_the_command_line(tmp
     assert (args.policy_group_eta, args.policy_group_loss_weighting, args.kl_horizon) == (0.5, True, 20)
     bad = tmp_path / "bad.yaml"
     bad.write_text("policy_group_merge_tol: .nan\n")
-    with pytest.raises(ValueError, match=r"^policy_group_merge_tol must be a finite number in \[0, 1000000\], got nan"):
+    with pytest.raises(
+        ValueError, match=r"^policy_group_merge_tol must be a finite number in \[0, 1000000\], got nan"
+    ):
         TrlParser((GRPOConfig,)).parse_args_and_config([*base, "--config", str(bad)])
 
 
@@ -221,4 +223,27 @@ def test_a_number_field_without_a_declared_range_cannot_be_imported():
     with pytest.raises(TypeError, match="'new_modes' .* has no declared modes in FIELD_MODES"):
         check_declarations(fields, {"new_rate": FIELD_RANGES["policy_group_eta"]}, {})
     with pytest.raises(TypeError, match=r"declare fields GRPOConfig does not have: \['entropy_reg'"):
-        check_declarations(fields, {"new_rate": FIELD_RANGES["policy_group_eta"]}, {"new_modes": ("a",), **FIELD_MODES})
+        check_declarations(
+            fields, {"new_rate": FIELD_RANGES["policy_group_eta"]}, {"new_modes": ("a",), **FIELD_MODES}
+        )
+
+
+def test_numpy_numbers_are_numbers_and_huge_ones_are_refused_by_name(tmp_path):
+    """A value computed with numpy (np.float32, np.int64) is read as the number it is; an integer too large for the
+    64-bit counters it ends up in, or a float field given one, is a ValueError with the value shortened."""
+    import numpy as np
+
+    config = _config(tmp_path, policy_group_ema=np.float32(0.5), kl_horizon=np.int64(3))
+    assert (config.policy_group_ema, config.kl_horizon) == (0.5, 3) and type(config.kl_horizon) is int
+    huge = 10**400
+    with pytest.raises(ValueError, match=r"^kl_horizon must be an integer >= 1 of at most 2\*\*63 - 1, got 1000.*"
+                                         r"\(401 characters\)$"):  # fmt: skip
+        _config(tmp_path, kl_horizon=huge)
+    with pytest.raises(ValueError, match=r"^policy_group_progress_halflife must be a finite number in \(0, 1000000\]"):
+        _config(tmp_path, policy_group_progress_halflife=huge)
+
+
+@pytest.mark.parametrize("name", ["entropy_reg", "grad_reg"])
+def test_none_is_not_a_list_of_modes(tmp_path, name):
+    with pytest.raises(ValueError, match=f"^{name} must be a list of modes among .*, got None$"):
+        _config(tmp_path, **{name: None})

@@ -306,6 +306,10 @@ RUNNING_TEXT = [
     ("html_line_break", "42<br/>", "42", "42"),
     ("zero_width_space", "\u200b42", "42", "42"),  # was "5"
     ("byte_order_mark", "\ufeff42", "42", "42"),  # was "5"
+    ("left_to_right_mark_inside", "4\u200e2", "42", "42"),  # was "4"
+    ("bidi_embedding", "\u202a42\u202c", "42", "42"),  # was "5"
+    ("span_with_attribute", '<span class="x">42</span>', "42", "42"),  # was "5"
+    ("inequalities_are_not_tags", "x<y and y = 42 > x", "42", "42"),
     # escaped currency, percent and LaTeX spacing
     ("escaped_dollar", r"\$42", "42", "42"),  # was "5"
     ("escaped_dollar_full_stop", r"\$42.", "42", "42"),  # was "5"
@@ -332,6 +336,9 @@ RUNNING_TEXT = [
     ("mixed_number_spaced", r"2 \frac{1}{2}", "2.5", "5/2"),  # was "2 1/2"
     ("mixed_number_short_inline", r"$2\tfrac12$", "2.5", "5/2"),  # was "21/2"
     ("negative_mixed_number", r"$-1\frac{3}{4}$", "-1.75", "-7/4"),  # was "-13/4"
+    ("mixed_number_tie", r"$2~\frac{1}{2}$", "2.5", "5/2"),  # was "2 1/2"
+    ("mixed_number_thin_space", r"$2\,\frac{1}{2}$", "2.5", "5/2"),  # was "2 1/2"
+    ("negative_mixed_number_spaced_sign", r"$- 2\frac{1}{2}$", "-2.5", "-5/2"),  # was "21/2"
     # signs
     ("negative", "-42", "-42", "-42"),
     ("negative_inline_dollars", "$-42$", "-42", "-42"),
@@ -343,6 +350,14 @@ RUNNING_TEXT = [
     ("sign_in_text_command", r"\text{-}42", "-42", "-42"),  # was "42"
     ("sign_in_mathrm", r"\mathrm{-}42", "-42", "-42"),  # was "42"
     ("binary_minus_stays", "46 -$4$", "42", "46 - 4"),
+    ("sign_before_escaped_dollar", r"-\$5", "-5", "-5"),  # was "5"
+    ("sign_before_md_bold", "-**42**", "-42", "-42"),  # was "42"
+    ("sign_in_html_bold", "<b>-</b>42", "-42", "-42"),  # was "5"
+    ("sign_opening_math_spaced", "$- 42$", "-42", "-42"),  # was "42"
+    ("sign_before_left_paren", r"-\left(42\right)", "-42", "-42"),  # was "42"
+    ("en_dash_sign", "\u201342", "-42", "-42"),  # was "5"
+    ("fullwidth_minus", "\uff0d42", "-42", "-42"),  # was "5"
+    ("html_entity_minus", "&minus;42", "-42", "-42"),  # was "42"
     # LaTeX operators
     ("times", r"3 \times 14", "42", "3 * 14"),  # was "14"
     ("cdot", r"$3 \cdot 14$", "42", "3 * 14"),  # was "14"
@@ -355,6 +370,8 @@ RUNNING_TEXT = [
     ("control_space_group", r"$9\ 500$.", "9500", "9500"),  # was "500"
     ("spaced_thin_space_group", r"$9 \, 500$.", "9500", "9500"),  # was "500"
     ("thin_space_group_space_before", r"$9 \,500$.", "9500", "9500"),  # was "500"
+    ("html_no_break_space_group", "9&nbsp;500.", "9500", "9500"),  # was "500"
+    ("thin_space_decimals", r"$3.141\,59$", "3.14159", "3.14159"),  # was "59"
     ("tie_group", "9~500.", "9500", "9500"),  # was "9"
     ("narrow_no_break_space_group", "9\u202f500.", "9500", "9500"),  # was "500"
     ("latex_comma_millions", "$9{,}500{,}000$.", "9500000", "9500000"),  # was "9"

@@ -7,8 +7,8 @@ booleans ("true", "yes", "1", ...). A string that would not convert there is ref
 Every refusal is a `ValueError` "<field> must be <what is allowed>, got <value>".
 
 Kinds, by annotation:
-    - `int`: an integer (not a bool, not 2.5 nor 3.0), at least `Range.low`.
-    - `float`: a finite number (ints welcome) in the declared interval.
+    - `int`: an integer (Python's or numpy's; not a bool, not 2.5 nor 3.0), at least `Range.low`.
+    - `float`: a finite real number (ints and numpy floats welcome) in the declared interval.
     - `bool`: True or False (or a string `string_to_bool` reads).
     - `str`: a string, one of `choices` in the field's metadata when it has them (as HfArgumentParser's).
     - `list[str]`: a list of mode names among `choices`, or one comma-separated string (`mode_list`).
@@ -17,11 +17,14 @@ Kinds, by annotation:
 
 import argparse
 import math
+import numbers
 import types
 import typing
 from dataclasses import dataclass
 
 from transformers.hf_argparser import string_to_bool
+
+INT64_MAX = 2**63 - 1  # integer fields end up in tensors, step counters and seeds
 
 
 @dataclass(frozen=True)
@@ -103,11 +106,23 @@ def check_field(name: str, value, annotation, spec: Range | None = None, choices
     if value is None and optional:
         return None
     converted = _convert(value, base)
-    if converted is None or (choices and converted not in choices):
-        raise ValueError(f"{name} must be {allowed(annotation, spec, choices)}, got {value!r}")
-    if base in (int, float) and not (math.isfinite(converted) and (spec is None or spec.holds(converted))):
-        raise ValueError(f"{name} must be {allowed(annotation, spec, choices)}, got {value!r}")
+    if not _fits(converted, base, spec, choices):
+        shown = repr(value)
+        shown = shown if len(shown) <= 40 else f"{shown[:20]}...{shown[-10:]} ({len(shown)} characters)"
+        limit = " of at most 2**63 - 1" if base is int and converted is not None and abs(converted) > INT64_MAX else ""
+        raise ValueError(f"{name} must be {allowed(annotation, spec, choices)}{limit}, got {shown}")
     return converted
+
+
+def _fits(converted, base: type, spec: Range | None, choices) -> bool:
+    """Whether a converted value (None: it did not convert) is one the field takes."""
+    if converted is None or (choices and converted not in choices):
+        return False
+    if base is int:
+        return abs(converted) <= INT64_MAX and (spec is None or spec.holds(converted))
+    if base is float:
+        return math.isfinite(converted) and (spec is None or spec.holds(converted))
+    return True
 
 
 def _convert(value, base: type):
@@ -121,10 +136,13 @@ def _convert(value, base: type):
         return value if isinstance(value, bool) else None
     if isinstance(value, bool):
         return None
-    if base is int:
-        return value if isinstance(value, int) else None
-    if base is float:
-        return float(value) if isinstance(value, int | float) else None
+    if base is int:  # Python and numpy integers (numbers.Integral), not 3.0
+        return int(value) if isinstance(value, numbers.Integral) else None
+    if base is float:  # any real number: int, float, numpy's floats, Fraction
+        try:
+            return float(value) if isinstance(value, numbers.Real) else None
+        except OverflowError:  # an int of hundreds of digits
+            return math.inf
     return value if isinstance(value, str) and value.strip() else None
 
 
@@ -136,8 +154,6 @@ def mode_list(name: str, value, choices: tuple[str, ...]) -> list[str]:
         ValueError: not a string or a list of strings, or an unknown or repeated mode, naming the field.
     """
     items = [value] if isinstance(value, str) else value if isinstance(value, list | tuple) else None
-    if value is None:
-        items = []
     if items is None or not all(isinstance(item, str) for item in items):
         raise ValueError(
             f"{name} must be a list of modes among {list(choices)} or a comma-separated string, got {value!r}"

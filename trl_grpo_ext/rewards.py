@@ -15,6 +15,7 @@ Sources:
       DeepSeek-R1, arXiv:2501.12948 (Sec. 2.2.2).
 """
 
+import html
 import logging
 import re
 import threading
@@ -60,18 +61,41 @@ _LIST_COMMA = re.compile(r"(?<=\d),(?=\d)")
 _UNCLOSED_BOX = re.compile(r"\\boxed\s*\{.*", re.DOTALL)
 # A whole number right before a fraction makes a mixed number ("2\frac{1}{2}" is 5/2, as LaTeX typesets it).
 _FRAC = re.compile(
-    r"(?:(?<![\w.])(-?\d+)[ \t]*)?\\[dt]?frac\s*(?:\{\s*(-?\d+(?:\.\d+)?)\s*\}|(\d))\s*"
+    r"(?:(?<![\w.])(-?\d+)(?:[ \t~]|\\[,;:! ])*)?\\[dt]?frac\s*(?:\{\s*(-?\d+(?:\.\d+)?)\s*\}|(\d))\s*"
     r"(?:\{\s*(-?\d+(?:\.\d+)?)\s*\}|(\d))"
 )
 _OPERATORS = {"\\times": "*", "\\cdot": "*", "\\div": "/"}
 _OPERATOR = re.compile(r"\\(?:times|cdot|div)(?![a-zA-Z])")
 _PERCENT = re.compile(r"\\%")
 _MARKUP = re.compile(r"\\[a-zA-Z]+\*?|\\.|[{}$~&`]|\*\*+|__+", re.DOTALL)
-_HTML_TAG = re.compile(r"</?[a-zA-Z][a-zA-Z0-9]*(?:\s[^<>]*)?/?>")  # "<b>42</b>", "<strong>", "<br/>"
-# A minus sign parted from its number by markup only ("$-$42", "-$42$", "\text{-}42"): the markup is dropped, unless
-# the sign follows a digit or closing bracket (then it is a binary minus, "$10 - $4").
-_SIGN_MARKUP = re.compile(r"-((?:[ \t]*(?:\$+|\\[()\[\]]|\\[a-zA-Z]+[ \t]*\{|\{|\}))+)[ \t]*(?=\d)")
-_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"))  # zero-width characters, soft hyphen
+# An HTML tag: a known name, attributes only as name=value ("<b>", "</strong>", "<br/>", '<span class="x">'), so
+# that an inequality ("x<y and y = 12 > x") is left alone.
+_HTML_TAG = re.compile(
+    r"</?(?:b|strong|i|em|u|s|sup|sub|span|p|div|br|hr|code|mark|small|big|font|tt|del|ins|li|ul|ol)"
+    r"""(?:\s+[a-zA-Z-]+\s*=\s*(?:"[^"<>]*"|'[^'<>]*'|[^\s<>]+))*\s*/?>""",
+    re.IGNORECASE,
+)
+# A minus sign parted from its number by markup only, touching the markup ("$-$42", "-$42$", "\text{-}42",
+# "-\$5", "-**42**", "<b>-</b>42"): the markup is dropped, unless the sign follows a digit or closing bracket (then
+# it is a binary minus, "46 -$4$"). A minus with spaces on both sides ("46 apples - $4$") is left to be a minus.
+_SIGN_TOKEN = (
+    r"(?:\$+|\\\$|\\[()\[\]]|\\left[ \t]*[(\[]|\\[a-zA-Z]+[ \t]*\{?|\{|\}|\*+|`|</?(?:b|strong|i|em|code|span)>)"
+)
+_SIGN_MARKUP = re.compile(rf"-({_SIGN_TOKEN}(?:[ \t]*{_SIGN_TOKEN})*)[ \t]*(?=\d)")
+# A minus opening math mode, then spaces: "$- 42$" is -42.
+_MATH_SIGN = re.compile(r"(\$|\\\(|\\\[)[ \t]*-[ \t]+(?=\d)")
+# The decimal part of a number grouped by LaTeX or Unicode thin spaces: "0.123\,456" is 0.123456.
+_GROUPED_DECIMALS = re.compile(r"(?<=\d\.)\d{3}(?:(?:[ \t]*\\[,;:!][ \t]*|\\ |~|\u2009|\u202f)\d{1,3})+")
+_DECIMAL_SEP = re.compile(r"[ \t]*\\[,;:!][ \t]*|\\ |~|\u2009|\u202f")
+# Other minus signs: U+2212 MINUS SIGN, fullwidth and small hyphen-minus; an en dash right before a number that does
+# not follow a digit ("–42", not the range "5–7").
+_MINUS_SIGNS = str.maketrans({"\u2212": "-", "\uff0d": "-", "\ufe63": "-"})
+_EN_DASH_SIGN = re.compile(r"(?<!\d)\u2013(?=\d)")
+# zero-width characters, soft hyphen, direction marks and embeddings, invisible operators, Mongolian vowel separator
+_INVISIBLE = dict.fromkeys(
+    map(ord, "\u200b\u200c\u200d\u200e\u200f\u2060\u2061\u2062\u2063\u2064\ufeff\u00ad\u180e"
+        "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+)  # fmt: skip
 _EMPHASIS = re.compile(r"(?<![\w*])([*_])(?=\S)([^*_\n]*?\S)\1(?![\w*])")
 _PAREN_NUMBER = re.compile(r"[(\[]\s*(-?\d+(?:\.\d+)?)\s*[)\]]")
 _TOUCHING_PUNCT = re.compile(r"(?<=[:;#\"'\u201c\u2018<|])(?=-?\d)")
@@ -202,11 +226,14 @@ def _running_text(text: str) -> str:
     generation) is dropped with all that follows. The one normalization behind the lenient reward, the evaluation's
     lenient accuracy and its maj@k vote (all via `extract_final_answer`). Never raises.
     """
-    text = _UNCLOSED_BOX.sub("", text).replace("\u2212", "-").translate(_INVISIBLE)  # U+2212 MINUS SIGN
+    text = html.unescape(text) if "&" in text else text  # "&minus;42", "1&nbsp;000"
+    text = _UNCLOSED_BOX.sub("", text).translate(_MINUS_SIGNS).translate(_INVISIBLE)
+    text = _EN_DASH_SIGN.sub("-", text)
     text = _GROUPED_NUMBER.sub(lambda m: _RUNNING_SEP_RE.sub("", m.group()), text)
+    text = _GROUPED_DECIMALS.sub(lambda m: _DECIMAL_SEP.sub("", m.group()), text)
     text = _LIST_COMMA.sub(", ", text)
     text = _FRAC.sub(_fraction, text)
-    text = _SIGN_MARKUP.sub(_joined_sign, text)
+    text = _SIGN_MARKUP.sub(_joined_sign, _MATH_SIGN.sub(r"\1-", text))
     text = _OPERATOR.sub(lambda m: _OPERATORS[m.group()], text)
     text = _MARKUP.sub(" ", _PERCENT.sub("%", _HTML_TAG.sub(" ", text)))
     text = _EMPHASIS.sub(r" \2 ", text)
