@@ -17,7 +17,9 @@ averaged over the last 2 evaluations, reaches the mix's threshold (`None`: not w
 the completion tokens generated until then, and the median step time (evaluation excluded).
 
 The report gives, per mix, both trainers' steps on each seed, the ratio of the medians (target <= 0.7) and each
-seed's ratio; then the step-time ratio (target <= 1.05). `--json` writes every figure.
+seed's ratio; then the step-time ratio (target <= 1.05). `--json` writes every figure. `--oracle` adds a bound:
+stock TRL trained on the learnable groups' prompts alone (the same evaluation), i.e. a sampler that knows from the
+start which groups can be learnt and never draws another; no sampling rule can do much better than it.
 """
 
 import argparse
@@ -133,6 +135,9 @@ def datasets(mix: str):
     return Dataset.from_list(rows), Dataset.from_list(eval_rows), learnable
 
 
+ORACLE = "oracle"  # the `--oracle` variant: stock TRL on the learnable groups' prompts alone
+
+
 def run(job: dict) -> dict:
     """One training run (in a worker process): `job` = mix, seed, variant name, overrides (None: stock TRL)."""
     import torch
@@ -150,8 +155,10 @@ def run(job: dict) -> dict:
     with tempfile.TemporaryDirectory() as out:
         settings = dict(SETTINGS, output_dir=out, max_steps=max_steps, seed=seed, eval_strategy="steps",
                         eval_steps=EVAL_EVERY)  # fmt: skip
-        if overrides is None:
+        if overrides is None or overrides == ORACLE:
             config_cls, trainer_cls = trl.GRPOConfig, trl.GRPOTrainer
+            if overrides == ORACLE:  # what no sampling rule can beat: only the learnable groups' prompts
+                train = train.filter(lambda row: row["task"] in learnable)
         else:
             config_cls, trainer_cls = GRPOConfig, GRPOTrainer
             settings |= {"policy_group_column": "task", "remove_unused_columns": False, **overrides}
@@ -236,11 +243,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mixes", nargs="+", default=list(MIXES), choices=list(MIXES))
     add_family_arguments(parser, seeds=[0, 1, 2, 3, 4], max_steps=160)
+    parser.add_argument("--oracle", action="store_true", help="also run stock TRL on the learnable prompts alone")
     args = parser.parse_args()
     prepared = prepare_runs(args, report)
     if prepared is None:
         return
     variants, previous = prepared
+    if args.oracle:
+        variants[ORACLE] = ORACLE
     from trl_grpo_ext.tiny_model import save_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
