@@ -223,16 +223,13 @@ class GRPOConfig(TRLGRPOConfig):
         },
     )
     num_policy_groups: int = field(
-        default=4,
-        metadata={
-            "help": "Number of k-means clusters when grouping by policy_group_features alone.",
-        },
+        default=4, metadata={"help": "Number of k-means clusters when grouping by policy_group_features alone."}
     )
     policy_group_refine_step: int | None = field(
         default=None,
         metadata={
             "help": "Coarse to fine: at this global step, split each group into policy_group_refine_parts k-means "
-            "sub-clusters, keeping at most max_policy_groups.",
+            "sub-clusters, keeping at most max_policy_groups."
         },
     )
     policy_group_refine_parts: int = field(
@@ -242,19 +239,13 @@ class GRPOConfig(TRLGRPOConfig):
     min_policy_groups: int = field(default=2, metadata={"help": "Lower bound on the number of policy groups."})
     policy_group_min_size: int = field(
         default=8,
-        metadata={
-            "help": "Fewest prompts a policy group may have; smaller groups merge into the nearest one.",
-        },
+        metadata={"help": "Fewest prompts a policy group may have; smaller groups merge into the nearest one."},
     )
     policy_group_ema: float = field(
-        default=0.9,
-        metadata={
-            "help": "Decay of the moving averages of each group's statistics.",
-        },
+        default=0.9, metadata={"help": "Decay of the moving averages of each group's statistics."}
     )
     policy_group_update_steps: int = field(
-        default=10,
-        metadata={"help": "Global steps between two weight updates (the progress window)."},
+        default=10, metadata={"help": "Global steps between two weight updates (the progress window)."}
     )
     policy_group_weight_rule: str = field(
         default="learnability",
@@ -268,11 +259,9 @@ class GRPOConfig(TRLGRPOConfig):
     policy_group_eta: float = field(default=0.1, metadata={"help": "Step size eta of the weight update."})
     policy_group_progress_halflife: float = field(
         default=48.0,
-        metadata={
-            "help": "learnability rule: completions in a group's start reward, half-life in completions of its recent "
-            "reward EMA.",
-        },
-    )
+        metadata={"help": "learnability rule: completions in a group's start reward, half-life in completions of its "
+                  "recent reward EMA."},
+    )  # fmt: skip
     policy_group_weight_min: float = field(default=0.05, metadata={"help": "Lower bound of a group weight."})
     policy_group_weight_max: float = field(default=2.0, metadata={"help": "Upper bound of a group weight."})
     policy_group_loss_weighting: bool = field(
@@ -288,10 +277,7 @@ class GRPOConfig(TRLGRPOConfig):
         },
     )
     policy_group_sampling_floor: float = field(
-        default=0.05,
-        metadata={
-            "help": "Every group is drawn with probability at least floor / number of groups.",
-        },
+        default=0.05, metadata={"help": "Every group is drawn with probability at least floor / number of groups."}
     )
     advantage_baseline: str = field(
         default="prompt",
@@ -302,20 +288,13 @@ class GRPOConfig(TRLGRPOConfig):
         },
     )
     policy_group_regroup_steps: int | None = field(
-        default=None,
-        metadata={"help": "Global steps between two merge/split checks; unset: no regrouping."},
+        default=None, metadata={"help": "Global steps between two merge/split checks; unset: no regrouping."}
     )
     policy_group_merge_tol: float = field(
-        default=0.05,
-        metadata={
-            "help": "Merge two groups whose EMA reward and reward std differ by less than this.",
-        },
+        default=0.05, metadata={"help": "Merge two groups whose EMA reward and reward std differ by less than this."}
     )
     policy_group_split_gap: float = field(
-        default=0.6,
-        metadata={
-            "help": "Gap between 2-means centres of per-prompt success rates that is bimodal.",
-        },
+        default=0.6, metadata={"help": "Gap between 2-means centres of per-prompt success rates that is bimodal."}
     )
 
     entropy_reg: list[str] = field(
@@ -329,44 +308,28 @@ class GRPOConfig(TRLGRPOConfig):
         default=False, metadata={"help": "With target and policy groups: one controller per policy group."}
     )
     entropy_pi_kp: float = field(
-        default=0.5,
-        metadata={
-            "help": "Proportional gain of the target controller (coefficient per nat).",
-        },
+        default=0.5, metadata={"help": "Proportional gain of the target controller (coefficient per nat)."}
     )
     entropy_pi_ki: float = field(
-        default=0.02,
-        metadata={
-            "help": "Integral gain of the target controller (coefficient per nat per step).",
-        },
+        default=0.02, metadata={"help": "Integral gain of the target controller (coefficient per nat per step)."}
     )
     entropy_pi_horizon: float = field(
         default=12.0,
-        metadata={
-            "help": "Steps ahead the target controller looks when the entropy falls (0: plain PI control).",
-        },
+        metadata={"help": "Steps ahead the target controller looks when the entropy falls (0: plain PI control)."},
     )
     clip_cov_ratio: float = field(
-        default=0.0002,
-        metadata={
-            "help": "Clip-Cov: fraction of completion tokens whose gradient is detached.",
-        },
+        default=0.0002, metadata={"help": "Clip-Cov: fraction of completion tokens whose gradient is detached."}
     )
     clip_cov_lb: float = field(default=1.0, metadata={"help": "Clip-Cov: lower bound of the covariance range."})
     clip_cov_ub: float = field(default=5.0, metadata={"help": "Clip-Cov: upper bound of the covariance range."})
     kl_cov_ratio: float = field(
-        default=0.002,
-        metadata={
-            "help": "KL-Cov: fraction of completion tokens (top by covariance) penalized.",
-        },
+        default=0.002, metadata={"help": "KL-Cov: fraction of completion tokens (top by covariance) penalized."}
     )
     kl_cov_coef: float = field(
-        default=1.0,
-        metadata={"help": "KL-Cov: coefficient of the penalty |log pi - log pi_old|."},
+        default=1.0, metadata={"help": "KL-Cov: coefficient of the penalty |log pi - log pi_old|."}
     )
     entropy_advantage_coef: float = field(
-        default=0.05,
-        metadata={"help": "tau of the advantage mode, in advantage units per nat."},
+        default=0.05, metadata={"help": "tau of the advantage mode, in advantage units per nat."}
     )
     grad_reg: list[str] = field(
         default_factory=list,
@@ -375,35 +338,18 @@ class GRPOConfig(TRLGRPOConfig):
             "optimizer steps whose gradient norm is NaN or Inf. Needs max_grad_norm > 0.",
         },
     )
-    zclip_alpha: float = field(
-        default=0.97,
-        metadata={
-            "help": "Decay of ZClip's moving mean and variance.",
-        },
-    )
+    zclip_alpha: float = field(default=0.97, metadata={"help": "Decay of ZClip's moving mean and variance."})
     zclip_z_threshold: float = field(default=2.5, metadata={"help": "z-score above which ZClip clips."})
     zclip_warmup_steps: int = field(
         default=25, metadata={"help": "Optimizer steps whose norms start ZClip's statistics."}
     )
-    agc_clip: float = field(
-        default=0.01,
-        metadata={"help": "AGC's lambda: unit gradient norm <= lambda ||W||."},
-    )
-    agc_eps: float = field(
-        default=0.001,
-        metadata={"help": "AGC's epsilon, the smallest weight norm used."},
-    )
+    agc_clip: float = field(default=0.01, metadata={"help": "AGC's lambda: unit gradient norm <= lambda ||W||."})
+    agc_eps: float = field(default=0.001, metadata={"help": "AGC's epsilon, the smallest weight norm used."})
     grad_reg_max_skips: int = field(
-        default=10,
-        metadata={
-            "help": "Consecutive skipped steps after which training saves a checkpoint and stops.",
-        },
+        default=10, metadata={"help": "Consecutive skipped steps after which training saves a checkpoint and stops."}
     )
     kl_target: float | None = field(
-        default=None,
-        metadata={
-            "help": "Adaptive KL (arXiv:1909.08593): target KL in nats per token. Needs beta > 0.",
-        },
+        default=None, metadata={"help": "Adaptive KL (arXiv:1909.08593): target KL in nats per token. Needs beta > 0."}
     )
     kl_horizon: int = field(default=10000, metadata={"help": "Adaptive KL's horizon, in completions."})
 
@@ -418,7 +364,7 @@ class GRPOConfig(TRLGRPOConfig):
         default=None,
         metadata={
             "help": "Prompt tokens the static cache of generation_compile holds (cache = this + "
-            "max_completion_length). Unset: the first batch's longest prompt rounded up to 64.",
+            "max_completion_length). Unset: the first batch's longest prompt rounded up to 64."
         },
     )
     generation_lora_merge: str = field(

@@ -85,17 +85,19 @@ _SIGN_MARKUP = re.compile(rf"-({_SIGN_TOKEN}(?:[ \t]*{_SIGN_TOKEN})*)[ \t]*(?=\d
 # A minus opening math mode, then spaces: "$- 42$" is -42.
 _MATH_SIGN = re.compile(r"(\$|\\\(|\\\[)[ \t]*-[ \t]+(?=\d)")
 # The decimal part of a number grouped by LaTeX or Unicode thin spaces: "0.123\,456" is 0.123456.
-_GROUPED_DECIMALS = re.compile(r"(?<=\d\.)\d{3}(?:(?:[ \t]*\\[,;:!][ \t]*|\\ |~|\u2009|\u202f)\d{1,3})+")
-_DECIMAL_SEP = re.compile(r"[ \t]*\\[,;:!][ \t]*|\\ |~|\u2009|\u202f")
+# No comma here: "0.123,456" is two numbers.
+_DECIMAL_SEP = r"(?:[ \t]*\\[,;:!][ \t]*|\\ |~|\u2009|\u202f)"
+_DECIMAL_SEP_RE = re.compile(_DECIMAL_SEP)
+_GROUPED_DECIMALS = re.compile(rf"(?<=\d\.)\d{{3}}(?:{_DECIMAL_SEP}\d{{1,3}})+")
 # Other minus signs: U+2212 MINUS SIGN, fullwidth and small hyphen-minus; an en dash right before a number that does
 # not follow a digit ("–42", not the range "5–7").
-_MINUS_SIGNS = str.maketrans({"\u2212": "-", "\uff0d": "-", "\ufe63": "-"})
+_MINUS_SIGNS = {"\u2212": "-", "\uff0d": "-", "\ufe63": "-"}
 _EN_DASH_SIGN = re.compile(r"(?<!\d)\u2013(?=\d)")
 # zero-width characters, soft hyphen, direction marks and embeddings, invisible operators, Mongolian vowel separator
-_INVISIBLE = dict.fromkeys(
-    map(ord, "\u200b\u200c\u200d\u200e\u200f\u2060\u2061\u2062\u2063\u2064\ufeff\u00ad\u180e"
-        "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
-)  # fmt: skip
+_INVISIBLE = ("\u200b\u200c\u200d\u200e\u200f\u2060\u2061\u2062\u2063\u2064\ufeff\u00ad\u180e"
+              "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")  # fmt: skip
+# one pass over the characters: the minus signs as "-", the invisible ones dropped
+_CHARACTERS = str.maketrans({**_MINUS_SIGNS, **dict.fromkeys(_INVISIBLE)})
 _EMPHASIS = re.compile(r"(?<![\w*])([*_])(?=\S)([^*_\n]*?\S)\1(?![\w*])")
 _PAREN_NUMBER = re.compile(r"[(\[]\s*(-?\d+(?:\.\d+)?)\s*[)\]]")
 _TOUCHING_PUNCT = re.compile(r"(?<=[:;#\"'\u201c\u2018<|])(?=-?\d)")
@@ -227,10 +229,10 @@ def _running_text(text: str) -> str:
     lenient accuracy and its maj@k vote (all via `extract_final_answer`). Never raises.
     """
     text = html.unescape(text) if "&" in text else text  # "&minus;42", "1&nbsp;000"
-    text = _UNCLOSED_BOX.sub("", text).translate(_MINUS_SIGNS).translate(_INVISIBLE)
+    text = _UNCLOSED_BOX.sub("", text).translate(_CHARACTERS)
     text = _EN_DASH_SIGN.sub("-", text)
     text = _GROUPED_NUMBER.sub(lambda m: _RUNNING_SEP_RE.sub("", m.group()), text)
-    text = _GROUPED_DECIMALS.sub(lambda m: _DECIMAL_SEP.sub("", m.group()), text)
+    text = _GROUPED_DECIMALS.sub(lambda m: _DECIMAL_SEP_RE.sub("", m.group()), text)
     text = _LIST_COMMA.sub(", ", text)
     text = _FRAC.sub(_fraction, text)
     text = _SIGN_MARKUP.sub(_joined_sign, _MATH_SIGN.sub(r"\1-", text))
