@@ -2,11 +2,12 @@
 #   make demo   create .venv, install, train the tiny model on the CPU demo (recipes/configs/demo_cpu.yaml)
 #   make test   create .venv, install, run the test suite
 # and for CI: make test-oldest   the contact-surface subset of the suite against the oldest trl/transformers allowed
+#             make wheel-check   the wheel built, installed into a clean venv, imported and its command run from there
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-oldest
-$(VENV)/.installed: pyproject.toml scripts/setup.sh
+.PHONY: demo test test-oldest wheel-check
+$(VENV)/.installed: pyproject.toml scripts/setup.sh scripts/torch_spec.sh
 	bash scripts/setup.sh $(VENV)
 
 demo: $(VENV)/.installed
@@ -35,3 +36,8 @@ OLDEST_TESTS ?= tests/test_trl_contact.py \
 test-oldest: $(VENV)/.installed
 	bash scripts/oldest_overlay.sh $(VENV) .oldest
 	PYTHONPATH=.oldest $(PY) -m pytest $(OLDEST_TESTS) $(ARGS)
+
+# `pip install .` as a user gets it (scripts/wheel_check.sh): what the wheel holds (the package and its model configs,
+# no tests, benchmarks or recipes), then, in a clean venv with torch installed first, the import and the command.
+wheel-check: $(VENV)/.installed
+	bash scripts/wheel_check.sh $(VENV)

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -25,6 +26,8 @@ TINY_RUN = ["--per_device_train_batch_size", "4", "--gradient_accumulation_steps
 TINY_RUN += ["--max_completion_length", "16", "--generation_max_prompt_length", "64"]
 TINY_PROMPT_LENGTH = 32
 GIB = 2**30
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"  # tracked: only a measurement writes here
+SMOKE_DIR_NAME = "trl-grpo-ext-benchmarks"  # a --tiny run's folder in the system's temp directory
 
 
 def missing_packages(modules=REQUIRED) -> list[str]:
@@ -250,10 +253,22 @@ def add_common_arguments(parser, steps_help: str) -> None:
     parser.add_argument("--steps", type=int, default=3, help=steps_help)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--tiny", action="store_true", help="shrunken models and lengths (smoke test on CPU)")
-    parser.add_argument("--output-dir", default=str(REPO_ROOT / "benchmarks" / "results"))
+    parser.add_argument(
+        "--output-dir",
+        help="where the JSON and markdown go; default: benchmarks/results/ for a measurement, and for a --tiny smoke "
+        f"run {Path(tempfile.gettempdir()) / SMOKE_DIR_NAME}, so that it never rewrites the committed results",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--json-out", help=argparse.SUPPRESS)
+
+
+def results_dir(output_dir: str | None, tiny: bool) -> Path:
+    """Where a GPU benchmark writes its JSON and markdown: `output_dir` when given; else the tracked
+    `benchmarks/results/` for a measurement, and for a `--tiny` smoke run `<temp dir>/trl-grpo-ext-benchmarks`."""
+    if output_dir is not None:
+        return Path(output_dir)
+    return Path(tempfile.gettempdir()) / SMOKE_DIR_NAME if tiny else RESULTS_DIR
 
 
 def environment_problem(script: str, measures: str, device: str, import_all: bool) -> int | None:

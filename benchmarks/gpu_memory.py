@@ -2,7 +2,8 @@
 
     python benchmarks/gpu_memory.py                           # CUDA: every preset, 3 GRPO steps (< 8 min on one H200)
     python benchmarks/gpu_memory.py --presets 8gb 12gb --steps 3
-    python benchmarks/gpu_memory.py --device cpu --tiny       # the same code path on CPU with shrunken models (smoke)
+    python benchmarks/gpu_memory.py --device cpu --tiny       # the same code path on CPU with shrunken models (smoke;
+                                                              # writes into the temp dir, not benchmarks/results)
 
 For each preset `recipes/configs/gsm8k-<N>gb.yaml`: a model of the preset's architecture
 (`trl_grpo_ext/model_configs/`) with random weights, built on the device and saved once in bf16, then loaded by
@@ -15,10 +16,12 @@ per phase (loading, generation, training); `device_used_gib` is the card's used 
 included (what nvidia-smi shows). On a large card the caching allocator reserves more freely than on a small one:
 compare the estimate without its overhead term to the allocated peak.
 
-Writes `benchmarks/results/gpu_memory.json` and `gpu_memory.md` (with `--tiny`: `gpu_memory_tiny.*`). Needs torch with
-CUDA, transformers, peft, accelerate, trl, bitsandbytes, datasets and this package's own imports (scikit-learn, scipy,
-math-verify): a missing one, or no CUDA device, stops it with exit code 2 and a message saying what to install or use.
-Exit code 1 when a preset failed (its row says why: an out-of-memory error keeps the peak reached).
+Writes `benchmarks/results/gpu_memory.json` and `gpu_memory.md`. A `--tiny` smoke run writes `gpu_memory_tiny.*` into
+`<temp dir>/trl-grpo-ext-benchmarks/` instead, so that it never rewrites the committed results; `--output-dir` sets
+either (`--output-dir benchmarks/results` to commit a smoke run's files). Needs torch with CUDA, transformers, peft,
+accelerate, trl, bitsandbytes, datasets and this package's own imports (scikit-learn, scipy, math-verify): a missing
+one, or no CUDA device, stops it with exit code 2 and a message saying what to install or use. Exit code 1 when a
+preset failed (its row says why: an out-of-memory error keeps the peak reached).
 """
 
 import argparse
@@ -36,6 +39,7 @@ from gpu_common import (  # noqa: E402
     measure_run,
     preset_config,
     preset_model,
+    results_dir,
     run_child,
 )
 
@@ -141,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
 
     name = "gpu_memory_tiny" if args.tiny else "gpu_memory"
-    out = Path(args.output_dir)
+    out = results_dir(args.output_dir, args.tiny)
     out.mkdir(parents=True, exist_ok=True)
     versions = next((row["versions"] for row in rows if "versions" in row), {})
     header = f"GRPO steps per preset: {args.steps}; " + ", ".join(f"{k} {v}" for k, v in versions.items())

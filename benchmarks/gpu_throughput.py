@@ -3,7 +3,8 @@
 
     python benchmarks/gpu_throughput.py                 # CUDA: 8 GB and 24 GB presets, every configuration (< 8 min)
     python benchmarks/gpu_throughput.py --presets 24gb --configs stock preset --completion-length 0  # full length
-    python benchmarks/gpu_throughput.py --device cpu --tiny --steps 2   # the same code path on the CPU (CI smoke)
+    python benchmarks/gpu_throughput.py --device cpu --tiny --steps 2   # the same code path on the CPU (CI smoke;
+                                                                       # writes into the temp dir)
 
 Each preset `recipes/configs/gsm8k-<N>gb.yaml` runs as the recipe runs it (random weights of its real architecture,
 saved once; the local tokenizer; prompts of 320 tokens; every completion forced to full length) under these
@@ -29,8 +30,10 @@ inside 8 minutes on one H200: stock TRL decodes at a fixed cost per token, so it
 the length. Configurations run in priority order
 (both stocks and presets first) until `--time-budget` is spent; the rest are reported as skipped.
 
-Writes `benchmarks/results/gpu_throughput.json` and `.md` (with `--tiny`: `gpu_throughput_tiny.*`). Exit code 2
-without CUDA (unless `--device cpu`) or with a missing package, 1 when a configuration failed (its row says why).
+Writes `benchmarks/results/gpu_throughput.json` and `.md`. A `--tiny` smoke run writes `gpu_throughput_tiny.*` into
+`<temp dir>/trl-grpo-ext-benchmarks/` instead, so that it never rewrites the committed results; `--output-dir` sets
+either (add `--output-dir benchmarks/results` to refresh the committed `gpu_throughput_tiny.*`). Exit code 2 without
+CUDA (unless `--device cpu`) or with a missing package, 1 when a configuration failed (its row says why).
 """
 
 import argparse
@@ -49,6 +52,7 @@ from gpu_common import (  # noqa: E402
     measure_run,
     preset_config,
     preset_model,
+    results_dir,
     run_child,
 )
 
@@ -247,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = with_speedups(rows)
     name = "gpu_throughput_tiny" if args.tiny else "gpu_throughput"
-    out = Path(args.output_dir)
+    out = results_dir(args.output_dir, args.tiny)
     out.mkdir(parents=True, exist_ok=True)
     versions = next((row["versions"] for row in rows if "versions" in row), {})
     device = next((row["device"] for row in rows if "device" in row), args.device)

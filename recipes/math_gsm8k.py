@@ -11,9 +11,21 @@ Data: the Hub dataset `openai/gsm8k` (config `main`) by default; `--dataset_path
 (the CPU demo). After training, the model is evaluated on `--eval_limit` test problems (greedy pass@1, strict and
 lenient) and `eval_results.json` is written to `output_dir`. Relaunching a finished run with
 `--resume_from_checkpoint true` (a requeued job) trains, saves and evaluates nothing and says the run is complete.
+
+Errors: everything that needs no model is checked before one is built or loaded (the config file and every key in it
+or on the command line, with "did you mean `policy_group_column`?", the values, the packages, the reward names, the
+model path, the data). A user error prints one line, `math_gsm8k.py: error: <what is wrong, the value, the fix>`, and
+exits with code 1 (2 for an unknown key or a missing config file); `--debug` (or `TRL_GRPO_EXT_DEBUG=1`) shows the
+full traceback instead, and the known harmless start-up warnings the recipe hides (`trl_grpo_ext.entry_points`).
 """
 
 import sys
+
+from trl_grpo_ext import entry_points
+
+if __name__ == "__main__":  # before TRL's imports, which log bitsandbytes' CPU-kernel line
+    entry_points.quiet_script_start()
+
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,6 +102,7 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
         )
     if not script_args.tiny_model and model_args.model_name_or_path is None:
         raise ValueError("model_name_or_path is required (or set tiny_model=True)")
+    entry_points.check_model_path("model_name_or_path", model_args.model_name_or_path)
     quantized = model_args.load_in_4bit or model_args.load_in_8bit
     problem = model_setting_problem(training_args, lora=model_args.use_peft, quantized=quantized)
     if problem is not None:
@@ -163,11 +176,32 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
     return results
 
 
+PROG = "math_gsm8k.py"
+
+
 def make_parser() -> TrlParser:
-    return TrlParser((GSM8KScriptArguments, GRPOConfig, ModelConfig))
+    return TrlParser(
+        (GSM8KScriptArguments, GRPOConfig, ModelConfig),
+        prog=PROG,
+        usage="%(prog)s --config FILE.yaml [--FIELD VALUE ...]",  # argparse's own lists all ~300 fields
+        epilog=entry_points.DEBUG_HELP,
+        allow_abbrev=False,  # a typo'd option is an error with "did you mean", not a field it is the start of
+    )
+
+
+def _cli(argv: list[str]) -> None:
+    parser = make_parser()
+    entry_points.check_config_file(parser, argv, examples="recipes/configs/*.yaml")  # before anything reads it
+    # Before parsing: TrainingArguments builds its DeepSpeed plugin while parsing, and fails deep inside without it.
+    check_optional_dependencies(deepspeed=deepspeed_requested(argv))
+    main(*entry_points.parse_command_line(parser, argv))
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """The recipe run from the command line (`argv` defaults to `sys.argv[1:]`); returns the exit code, 1 or 2 for a
+    user error printed as one line (`trl_grpo_ext.entry_points.run`)."""
+    return entry_points.run(_cli, sys.argv[1:] if argv is None else argv, prog=PROG)
 
 
 if __name__ == "__main__":
-    # Before parsing: TrainingArguments builds its DeepSpeed plugin while parsing, and fails deep inside without it.
-    check_optional_dependencies(deepspeed=deepspeed_requested(sys.argv[1:]))
-    main(*make_parser().parse_args_and_config(sys.argv[1:]))
+    raise SystemExit(cli())

@@ -13,13 +13,7 @@ fi
 pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
 
 if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
-  if [ -n "${TORCH_SPEC:-}" ]; then
-    spec="$TORCH_SPEC"
-  elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    spec="torch"
-  else
-    spec="torch==2.13.0"
-  fi
+  spec="$(bash "$(dirname "$0")/torch_spec.sh")"
   echo "Installing $spec into $venv"
   "${pip[@]}" "$spec"
 fi

@@ -1,5 +1,8 @@
 """Evaluation: majority vote and accuracy figures against hand-computed values; adapters really are applied."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from datasets import Dataset
@@ -43,6 +46,54 @@ def test_evaluate_gsm8k_figures_by_hand(monkeypatch):
     assert [s["strict"] for s in results["samples"]] == [1.0, 0.0, 0.0, 0.0]
     assert [s["lenient"] for s in results["samples"]] == [1.0, 1.0, 0.0, 0.0]
     assert "strict_accuracy    25.0%" in format_table(results) and "maj@3              50.0%" in format_table(results)
+
+
+def test_results_keep_every_completion_with_its_question_answer_and_score(monkeypatch, tmp_path):
+    """The same 4 problems: each record holds the question, the gold answer, the greedy completion with what was read
+    from it, and the 3 maj@3 samples, each with its lenient answer and whether it is right; the JSON keeps it all."""
+    dataset = Dataset.from_list([{"prompt": [{"role": "system", "content": "Think."}, {"role": "user", "content":
+                                 f"q{i}"}], "answer": a} for i, a in enumerate(["5", "2", "7", "1"])])  # fmt: skip
+    greedy = [["so \\boxed{5}"], ["the answer is 2"], ["\\boxed{6}"], ["hmm"]]
+    sampled = [["\\boxed{5}", "\\boxed{5}", "\\boxed{4}"], ["2", "\\boxed{2.0}", "3"], ["\\boxed{9}"] * 3, ["?"] * 3]
+
+    def fake_generate(model, tokenizer, prompts, max_new_tokens, batch_size, num_samples=1, temperature=0.0):
+        return greedy if num_samples == 1 else sampled
+
+    monkeypatch.setattr(evaluation, "generate", fake_generate)
+    results = evaluate_gsm8k(None, None, dataset, maj_k=3)
+
+    records = results["samples"]
+    assert [r["question"] for r in records] == ["q0", "q1", "q2", "q3"]  # the user message, not the system prompt
+    assert [r["answer"] for r in records] == ["5", "2", "7", "1"]
+    assert [r["completion"] for r in records] == [texts[0] for texts in greedy]
+    # Greedy: "\\boxed{5}" is read by both; "the answer is 2" only leniently; "\\boxed{6}" by both, wrong; "hmm": none.
+    assert [r["strict_answer"] for r in records] == ["5", None, "6", None]
+    assert [r["lenient_answer"] for r in records] == ["5", "2", "6", None]
+    votes = [r["maj@3"] for r in records]
+    assert [[s["completion"] for s in v["samples"]] for v in votes] == sampled  # every sample, in order
+    assert [[s["lenient_answer"] for s in v["samples"]] for v in votes] == [
+        ["5", "5", "4"], ["2", "2.0", "3"], ["9", "9", "9"], [None, None, None]
+    ]  # fmt: skip
+    assert [[s["correct"] for s in v["samples"]] for v in votes] == [
+        [True, True, False], [True, True, False], [False] * 3, [False] * 3
+    ]  # fmt: skip
+    assert [v["majority_answer"] for v in votes] == ["5", "2", "9", None]
+    assert [v["correct"] for v in votes] == [True, True, False, False]
+    # maj@3 is the share of problems whose vote is right, as the records say: 2 of 4.
+    assert results["maj@3"] == sum(v["correct"] for v in votes) / 4
+
+    path = evaluation.write_results(results, str(tmp_path), "eval_gsm8k.json")
+    assert json.loads(Path(path).read_text()) == results  # nothing is dropped on the way to the file
+
+
+def test_results_without_maj_k_have_no_vote_records(monkeypatch):
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": "q"}], "answer": "3"}])
+    monkeypatch.setattr(evaluation, "generate", lambda *args, **kwargs: [["\\boxed{3}"]])
+    (record,) = evaluate_gsm8k(None, None, dataset)["samples"]
+    assert record == {
+        "question": "q", "answer": "3", "completion": "\\boxed{3}", "strict_answer": "3", "lenient_answer": "3",
+        "strict": 1.0, "lenient": 1.0,
+    }  # fmt: skip
 
 
 def test_generate_is_batched_and_greedy(tiny_model_dir):

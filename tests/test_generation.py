@@ -469,18 +469,44 @@ def load_throughput_benchmark():
     return module
 
 
-def test_gpu_throughput_benchmark_runs_in_cpu_smoke_mode(tmp_path):
+def results_snapshot(folder) -> tuple[dict, str | None]:
+    """(every file under `folder` with its size and mtime, `git status --porcelain` of it or None without git)."""
+    import shutil
+    import subprocess
+
+    from tests.conftest import REPO_ROOT
+
+    files = {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*")) if p.is_file()}
+    if shutil.which("git") is None or not (REPO_ROOT / ".git").exists():
+        return files, None
+    cmd = ["git", "status", "--porcelain", "--untracked-files=all", "--", str(folder)]
+    return files, subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+
+
+def test_gpu_throughput_benchmark_runs_in_cpu_smoke_mode(tmp_path, monkeypatch):
     """`benchmarks/gpu_throughput.py --device cpu --tiny`: four configurations of the 8 GB preset (stock, the preset,
     in-place merge, QLoRA with copy and compile; every configuration's training is checked against stock generation
-    above), each in its own process, with timings, tokens and the estimate; the table and JSON written."""
+    above), each in its own process, with timings, tokens and the estimate; the table and JSON written, by default
+    into the temp directory: a smoke run leaves the tracked benchmarks/results/ as it was."""
     import json
+    import tempfile
+
+    from tests.conftest import REPO_ROOT
 
     benchmark = load_throughput_benchmark()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the system's temp directory, for this run
+    results = REPO_ROOT / "benchmarks" / "results"
+    before = results_snapshot(results)
     configs = ["stock", "preset", "inplace", "qlora_copy_compile"]
-    argv = ["--device", "cpu", "--tiny", "--steps", "2", "--presets", "8gb", "--output-dir", str(tmp_path),
-            "--configs", *configs]  # fmt: skip
+    argv = ["--device", "cpu", "--tiny", "--steps", "2", "--presets", "8gb", "--configs", *configs]  # no --output-dir
     assert benchmark.main(argv) == 0
-    rows = json.loads((tmp_path / "gpu_throughput_tiny.json").read_text())["rows"]
+    # Nothing written, changed or added under benchmarks/results/ (other work may have left it dirty: compared with
+    # before the run), and git sees no file of this benchmark there as changed.
+    after = results_snapshot(results)
+    assert after == before
+    assert after[1] is None or "gpu_throughput" not in after[1], after[1]
+    out = tmp_path / "trl-grpo-ext-benchmarks"
+    rows = json.loads((out / "gpu_throughput_tiny.json").read_text())["rows"]
     assert [r["config"] for r in rows] == [config for _, config in benchmark.plan(["8gb"], configs)]
     assert sorted(r["config"] for r in rows) == sorted(configs)
     by_config = {r["config"]: r for r in rows}
@@ -493,9 +519,21 @@ def test_gpu_throughput_benchmark_runs_in_cpu_smoke_mode(tmp_path):
     assert by_config["preset"]["generation"] == "compiled static cache, merged in place"
     assert by_config["qlora_copy_compile"]["method"] == "QLoRA r=16"
     assert by_config["inplace"]["merge_s"] > 0 and by_config["stock"]["merge_s"] == 0
-    table = (tmp_path / "gpu_throughput_tiny.md").read_text()
+    table = (out / "gpu_throughput_tiny.md").read_text()
     row = "| 8gb | preset | Qwen/Qwen2.5-1.5B-Instruct (tiny: 2 layers), LoRA r=16 | compiled static cache, merged in "
     assert row in table
+
+
+def test_gpu_benchmarks_write_only_measurements_into_the_tracked_results(monkeypatch, tmp_path):
+    import tempfile
+
+    load_throughput_benchmark()  # puts benchmarks/ on sys.path
+    import gpu_common
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert gpu_common.results_dir(None, tiny=True) == tmp_path / "trl-grpo-ext-benchmarks"  # a smoke run
+    assert gpu_common.results_dir(None, tiny=False) == gpu_common.REPO_ROOT / "benchmarks" / "results"
+    assert gpu_common.results_dir("somewhere", tiny=True) == gpu_common.Path("somewhere")  # --output-dir wins
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given on a machine without CUDA")

@@ -11,7 +11,8 @@ from trl_grpo_ext import GRPOConfig, cli, memory, presets, requirements
 from trl_grpo_ext.memory import GIB
 from trl_grpo_ext.presets import MemoryFitWarning
 
-PRESETS = sorted((REPO_ROOT / "recipes" / "configs").glob("gsm8k-*gb.yaml"))
+PRESETS = sorted((REPO_ROOT / "recipes" / "configs").glob("gsm8k-*.yaml"))
+T4_GIB = 14.75  # what torch reports for a 16 GB T4 (its total_memory, ECC on), as out-of-memory errors on Colab say
 # h=64, I=128, 2 layers, 4 heads of 16, 2 kv heads, vocabulary 1000, tied embeddings
 SMALL = Qwen2Config(
     vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -275,8 +276,11 @@ def test_known_models_load_offline_with_their_real_sizes():
 
 @pytest.mark.parametrize("config", PRESETS, ids=[p.stem for p in PRESETS])
 def test_every_preset_fits_its_card_with_ten_percent_to_spare(config):
-    card = int(re.search(r"gsm8k-(\d+)gb", config.name).group(1))
+    card = 16 if config.name == "gsm8k-t4.yaml" else int(re.search(r"gsm8k-(\d+)gb", config.name).group(1))
     training_args, model_args = presets.load_config(config)
+    # One mixed precision, with weights of its dtype: fp16 on the T4 (no bf16 there), bf16 on every other card.
+    assert training_args.fp16 == (config.name == "gsm8k-t4.yaml") != training_args.bf16
+    assert model_args.dtype == ("float16" if training_args.fp16 else "bfloat16")
     est = memory.estimate_for(presets.architecture_config(model_args.model_name_or_path), training_args, model_args)
     assert est.total <= 0.9 * card
     assert presets.fit_warning(est, card) is None
@@ -320,8 +324,49 @@ def test_every_preset_fits_its_card_with_ten_percent_to_spare(config):
     assert command.split() == [*overrides, *(a for k in expected for a in (f"--{k}", named[k]))]
 
 
-def test_there_are_presets_for_four_cards():
-    assert [p.name for p in PRESETS] == sorted(f"gsm8k-{gb}gb.yaml" for gb in (8, 12, 16, 24))
+def test_there_are_presets_for_four_cards_and_the_t4():
+    assert [p.name for p in PRESETS] == sorted([*(f"gsm8k-{gb}gb.yaml" for gb in (8, 12, 16, 24)), "gsm8k-t4.yaml"])
+
+
+def test_t4_preset_trains_lora_in_fp16_within_what_a_t4_shows_torch():
+    config = REPO_ROOT / "recipes/configs/gsm8k-t4.yaml"
+    training_args, model_args = presets.load_config(config)
+    model_config = presets.architecture_config(model_args.model_name_or_path)
+    est = memory.estimate_for(model_config, training_args, model_args)
+    assert est.total <= 0.9 * T4_GIB and presets.fit_warning(est, T4_GIB) is None  # 16 GB marketed, 14.75 GiB usable
+    assert est.total <= 0.9 * 12  # headroom: it would fit a 12 GB card too
+    # A T4 has no flash-attention-2 and no bf16; LoRA on fp16 weights, not QLoRA (fp16 with 4-bit is refused).
+    assert model_args.attn_implementation == "sdpa" and not model_args.load_in_4bit
+    # PEFT keeps the adapters in fp32 on fp16 weights: 4 bytes a trainable parameter, as the fp16 GradScaler needs.
+    targets = memory.lora_targets(model_args.lora_target_modules)
+    assert est.adapters * GIB == pytest.approx(4 * memory.lora_parameters(model_config, model_args.lora_r, targets))
+    # fp16 and bf16 weights take the same bytes: the same run in bf16 has the same estimate, term by term.
+    bf16 = presets.load_config(config, "--fp16", "false", "--bf16", "true", "--dtype", "bfloat16")
+    assert memory.estimate_for(model_config, *bf16) == est
+
+
+def test_fp16_with_4bit_weights_is_refused_before_a_model_loads(tmp_path):
+    # TRL casts QLoRA adapters to bf16; the fp16 GradScaler cannot unscale bf16 gradients on CUDA.
+    with pytest.raises(ValueError, match="fp16=True with load_in_4bit"):
+        small_estimate(tmp_path, {"fp16": True}, load_in_4bit=True)
+    assert small_estimate(tmp_path, {"fp16": True}).adapters * GIB == pytest.approx(1792 * 4)  # LoRA: fp32 adapters
+    # A recipe on a GPU checks the estimate before it loads the model, so it stops there, saying why.
+    config = REPO_ROOT / "recipes/configs/gsm8k-t4.yaml"
+    training_args, model_args = presets.load_config(config, "--load_in_4bit", "true", "--generation_compile", "false")
+    with pytest.raises(ValueError, match="train LoRA on float16 weights"):
+        presets.warn_if_too_big(model_args, training_args, card_gib=T4_GIB)
+
+
+@pytest.mark.parametrize(
+    ("cuda", "hardware_bf16", "expected"), [(False, False, "fp32"), (True, False, "fp16"), (True, True, "bf16")]
+)
+def test_training_precision_asks_for_bf16_in_hardware(monkeypatch, cuda, hardware_bf16, expected):
+    def is_bf16_supported(including_emulation=True):  # a T4 says True with emulation (torch's default), False without
+        return hardware_bf16 or including_emulation
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    assert presets.training_precision() == expected
 
 
 def test_memory_command_prints_the_breakdown(capsys):

@@ -4,11 +4,26 @@
 
 `register()` makes `from trl import GRPOConfig, GRPOTrainer` return this package's classes, for scripts that cannot
 be edited (TRL's own `trl/scripts/grpo.py`); `unregister()` restores TRL's.
+
+The four names are imported on first use (PEP 562 module `__getattr__`), so that `import trl_grpo_ext.entry_points`
+or `trl-grpo-ext --help` does not load torch, transformers and TRL, and an entry point can set its quiet-start
+filters (`entry_points.quiet_start`) before TRL's imports log anything.
 """
 
-from .config import GRPOConfig
-from .registration import register, unregister
-from .trainer import GRPOTrainer
+import importlib
 
 __version__ = "0.1.0"
-__all__ = ["GRPOConfig", "GRPOTrainer", "register", "unregister", "__version__"]
+_EXPORTS = {"GRPOConfig": "config", "GRPOTrainer": "trainer", "register": "registration", "unregister": "registration"}
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value  # imported once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

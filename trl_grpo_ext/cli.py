@@ -1,15 +1,27 @@
 """The `trl-grpo-ext` command.
 
     trl-grpo-ext grpo [TRL grpo arguments] [--config file.yaml]   # TRL's `trl grpo` script on trl_grpo_ext's classes
-    trl-grpo-ext tiny-model OUTPUT_DIR [--seed N]                  # a tiny random-init Qwen2 model, no download
+    trl-grpo-ext tiny-model OUTPUT_DIR [--seed N] [--force]        # a tiny random-init Qwen2 model, no download
     trl-grpo-ext memory --config file.yaml [--card-gib 8]          # estimated peak GPU memory, term by term
+    trl-grpo-ext export RUN_DIR OUT_DIR [--dtype auto] [--force]   # a run's LoRA adapter merged into its base
 
 `grpo` takes every argument of TRL's `trl grpo` (script arguments, `GRPOConfig` with this package's fields, and
-`ModelConfig`); for several processes run it as `accelerate launch -m trl_grpo_ext.cli grpo ...`.
+`ModelConfig`); for several processes run it as `accelerate launch -m trl_grpo_ext.cli grpo ...`. It checks the
+config file, every key in it and on the command line ("did you mean `policy_group_column`?"), the values, and the
+model and dataset paths before it loads anything. `tiny-model` refuses a folder that is not empty unless `--force`.
+
+Errors: a user error (a bad value, a missing file, an unknown key) prints one line, `trl-grpo-ext <command>: error:
+<what is wrong, the value, the fix>`, and exits with code 1 (2 for an unknown command, option or config key).
+`--debug` (before or after the command; `--debug VALUE` stays TrainingArguments' own option) or
+`TRL_GRPO_EXT_DEBUG=1` shows the full traceback instead, and the known harmless start-up warnings this command
+hides (`trl_grpo_ext.entry_points`).
 """
 
 import argparse
 import sys
+from pathlib import Path
+
+from . import entry_points
 
 
 def _grpo(argv: list[str]) -> int:
@@ -19,7 +31,16 @@ def _grpo(argv: list[str]) -> int:
     from trl.scripts import grpo
 
     parser = grpo.make_parser(prog="trl-grpo-ext grpo")
-    script_args, training_args, model_args, dataset_args = parser.parse_args_and_config(argv)
+    parser.usage = "%(prog)s [--config FILE.yaml] [--FIELD VALUE ...]"  # argparse's own lists all ~300 fields
+    parser.epilog = entry_points.DEBUG_HELP
+    parser.allow_abbrev = False  # a typo'd option is an error with "did you mean", not the option it is the start of
+    script_args, training_args, model_args, dataset_args = entry_points.parse_command_line(parser, argv)
+    # Before TRL's script loads a dataset, reward model or model: the paths it would fail on deep inside.
+    if model_args.model_name_or_path is None:
+        raise ValueError("model_name_or_path is not set: pass --model_name_or_path (a model folder or a Hub id)")
+    entry_points.check_model_path("model_name_or_path", model_args.model_name_or_path)
+    fix = "give a Hub dataset id, or a local folder or file that datasets.load_dataset reads"
+    entry_points.check_local_path("dataset_name", script_args.dataset_name, fix)
     grpo.main(script_args, training_args, model_args, dataset_args)
     return 0
 
@@ -28,12 +49,22 @@ def _tiny_model(argv: list[str]) -> int:
     from .tiny_model import save_tiny_model
 
     parser = argparse.ArgumentParser(
-        prog="trl-grpo-ext tiny-model", description="Write a tiny random-init Qwen2 model."
+        prog="trl-grpo-ext tiny-model",
+        description="Write a tiny random-init Qwen2 model.",
+        epilog=entry_points.DEBUG_HELP,
     )
-    parser.add_argument("output_dir", help="folder to write the model and tokenizer into")
+    parser.add_argument("output_dir", help="folder to write the model and tokenizer into (new or empty)")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
+    parser.add_argument("--force", action="store_true", help="write into a folder that is not empty")
     args = parser.parse_args(argv)
-    path = save_tiny_model(args.output_dir, seed=args.seed)
+    output_dir = Path(args.output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ValueError(f"{output_dir} is a file: give a folder to write the model into")
+    if output_dir.is_dir() and any(output_dir.iterdir()) and not args.force:
+        raise ValueError(
+            f"{output_dir} is not empty: give a new or empty folder, or pass --force to write the model into it"
+        )
+    path = save_tiny_model(output_dir, seed=args.seed)
     print(f"Wrote a tiny Qwen2 model and tokenizer to {path}")
     return 0
 
@@ -59,6 +90,7 @@ def _memory(argv: list[str]) -> int:
         prog="trl-grpo-ext memory",
         description="Estimated peak GPU memory of a recipe config, term by term (trl_grpo_ext.memory); no download. "
         "Any other --field value pair overrides the config. Exit code 1 when the peak is above 90%% of --card-gib.",
+        epilog=entry_points.DEBUG_HELP,
     )
     parser.add_argument("--config", required=True, help="recipe YAML (GRPOConfig and ModelConfig fields)")
     parser.add_argument(
@@ -89,7 +121,8 @@ def _memory(argv: list[str]) -> int:
         parser.error(str(error))
     method = "full fine-tuning"
     if model_args.use_peft:
-        method = f"{'QLoRA (NF4)' if model_args.load_in_4bit else 'LoRA (bf16)'} rank {model_args.lora_r}"
+        weights = {"float16": "fp16", "float32": "fp32"}.get(str(model_args.dtype), "bf16")
+        method = f"{'QLoRA (NF4)' if model_args.load_in_4bit else f'LoRA ({weights})'} rank {model_args.lora_r}"
     print(
         f"{args.model_config or model_args.model_name_or_path}, {method}: {training_args.per_device_train_batch_size} "
         f"completions per micro-batch, {training_args.generation_batch_size} generated at once, prompt <= "
@@ -101,16 +134,37 @@ def _memory(argv: list[str]) -> int:
     return 1 if args.card_gib is not None and presets.fit_warning(result, args.card_gib) else 0
 
 
-COMMANDS = {"grpo": _grpo, "tiny-model": _tiny_model, "memory": _memory}
+def _export(argv: list[str]) -> int:
+    from .export import command  # imported here: the other commands do not load PEFT's merge code
+
+    command(argv)
+    return 0
+
+
+COMMANDS = {"grpo": _grpo, "tiny-model": _tiny_model, "memory": _memory, "export": _export}
+USAGE = f"usage: trl-grpo-ext [--debug] {{{','.join(COMMANDS)}}} ...  (trl-grpo-ext --help: what each does)"
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run `trl-grpo-ext <command> ...` (`argv` defaults to `sys.argv[1:]`) and return its exit code: 0 on success,
+    1 for a user error, 2 for an unknown command, option or config key (see the module docstring)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in COMMANDS:
-        names = ", ".join(COMMANDS)
-        print(f"usage: trl-grpo-ext {{{names}}} ...\n\n{__doc__}", file=sys.stderr if argv else sys.stdout)
-        return 2 if argv and argv[0] not in ("-h", "--help") else 0
-    return COMMANDS[argv[0]](argv[1:])
+    debug = False
+    while argv[:1] == ["--debug"]:  # before the command; after it, `entry_points.run` takes it out
+        debug = True
+        argv.pop(0)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"{USAGE}\n\n{__doc__}")
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(USAGE, file=sys.stderr)
+        print(
+            f"trl-grpo-ext: error: unknown command {command!r}{entry_points.did_you_mean(command, COMMANDS)}",
+            file=sys.stderr,
+        )
+        return 2
+    return entry_points.run(COMMANDS[command], rest, prog=f"trl-grpo-ext {command}", debug=debug)
 
 
 if __name__ == "__main__":

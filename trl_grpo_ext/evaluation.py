@@ -4,6 +4,10 @@ Strict accuracy counts an answer only in the required format (a final `\\boxed{}
 answer anywhere in the completion. maj@k (Wang et al., self-consistency, arXiv:2203.11171) samples k completions per
 problem and scores the most frequent extracted answer. Lenient accuracy and the vote both read answers with
 `rewards.extract_final_answer`, the extraction behind the lenient reward ("$9{,}500$" is 9500, "\\textbf{42}" is 42).
+
+`evaluate_gsm8k` keeps every completion: one record a problem with its question, gold answer, greedy completion and,
+with maj@k, its k samples, each with the answer extracted from it and whether that answer is right
+(`write_results` saves them as JSON).
 """
 
 import json
@@ -13,7 +17,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .rewards import answer_is_correct, extract_final_answer, gsm8k_accuracy, gsm8k_strict_accuracy, same_answer
+from .rewards import answer_is_correct, extract_final_answer, same_answer
 
 
 def load_model_for_eval(path: str, dtype: str = "auto", device: str | None = None):
@@ -89,9 +93,13 @@ def majority_answer(completions: list[str]) -> str | None:
     Answers that are the same number ("18", "18.00", "\\$18", "\\frac{1}{2}" and "0.5") count as one, by
     `rewards.same_answer`; on a tie the answer seen first wins.
     """
+    return _vote([extract_final_answer(text, strict=False) for text in completions])
+
+
+def _vote(answers: list[str | None]) -> str | None:
+    """The most frequent of the extracted `answers` (None skipped), equal numbers counted as one; ties: first seen."""
     votes: list[list] = []  # [representative answer, count], in order of first appearance
-    for text in completions:
-        answer = extract_final_answer(text, strict=False)
+    for answer in answers:
         if answer is None:
             continue
         for vote in votes:
@@ -101,6 +109,37 @@ def majority_answer(completions: list[str]) -> str | None:
         else:
             votes.append([answer, 1])
     return max(votes, key=lambda vote: vote[1])[0] if votes else None
+
+
+def question_of(prompt: list[dict]) -> str | None:
+    """The question of a chat prompt: the content of its last user message (None without one)."""
+    return next((message["content"] for message in reversed(prompt) if message["role"] == "user"), None)
+
+
+def greedy_record(question: str | None, gold: str, completion: str) -> dict:
+    """One problem's greedy completion, both extracted answers and both scores (1.0 or 0.0)."""
+    strict_answer = extract_final_answer(completion, strict=True)
+    lenient_answer = extract_final_answer(completion, strict=False)
+    return {
+        "question": question,
+        "answer": gold,
+        "completion": completion,
+        "strict_answer": strict_answer,
+        "lenient_answer": lenient_answer,
+        "strict": float(answer_is_correct(strict_answer, gold)),
+        "lenient": float(answer_is_correct(lenient_answer, gold)),
+    }
+
+
+def vote_record(gold: str, completions: list[str]) -> dict:
+    """One problem's maj@k samples, each with its lenient answer and whether it is right, and the vote over them."""
+    samples = []
+    for completion in completions:
+        answer = extract_final_answer(completion, strict=False)
+        correct = answer_is_correct(answer, gold)
+        samples.append({"completion": completion, "lenient_answer": answer, "correct": correct})
+    majority = _vote([sample["lenient_answer"] for sample in samples])
+    return {"majority_answer": majority, "correct": answer_is_correct(majority, gold), "samples": samples}
 
 
 def evaluate_gsm8k(
@@ -120,26 +159,28 @@ def evaluate_gsm8k(
 
     Returns:
         `{"num_problems", "strict_accuracy", "lenient_accuracy", ["maj@k"], "samples": [...]}`; accuracies are
-        fractions in [0, 1]; `samples` holds each problem's greedy completion and scores.
+        fractions in [0, 1]. `samples` keeps every completion, one record a problem: `question`, `answer` (gold),
+        the greedy `completion` with its `strict_answer` (a final `\\boxed{}`) and `lenient_answer` (None when
+        there is none) and their scores `strict` and `lenient` (1.0 or 0.0); with maj@k, `"maj@k"`:
+        `{"majority_answer", "correct", "samples": [{"completion", "lenient_answer", "correct"}, ...]}`, the k
+        sampled completions in the order they were generated.
     """
     prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
     n = max(len(prompts), 1)
     greedy = [texts[0] for texts in generate(model, tokenizer, prompts, max_new_tokens, batch_size)]
-    strict_scores = gsm8k_strict_accuracy(greedy, answers)
-    lenient_scores = gsm8k_accuracy(greedy, answers)
+    questions = [question_of(prompt) for prompt in prompts]
+    records = [greedy_record(*row) for row in zip(questions, answers, greedy, strict=True)]
     results = {
         "num_problems": len(prompts),
-        "strict_accuracy": sum(strict_scores) / n,
-        "lenient_accuracy": sum(lenient_scores) / n,
+        "strict_accuracy": sum(record["strict"] for record in records) / n,
+        "lenient_accuracy": sum(record["lenient"] for record in records) / n,
     }
     if maj_k > 1:
         sampled = generate(model, tokenizer, prompts, max_new_tokens, batch_size, maj_k, temperature)
-        hits = [answer_is_correct(majority_answer(texts), gold) for texts, gold in zip(sampled, answers, strict=True)]
-        results[f"maj@{maj_k}"] = sum(hits) / n
-    results["samples"] = [
-        {"answer": gold, "completion": text, "strict": strict, "lenient": lenient}
-        for gold, text, strict, lenient in zip(answers, greedy, strict_scores, lenient_scores, strict=True)
-    ]
+        for record, texts in zip(records, sampled, strict=True):
+            record[f"maj@{maj_k}"] = vote_record(record["answer"], texts)
+        results[f"maj@{maj_k}"] = sum(record[f"maj@{maj_k}"]["correct"] for record in records) / n
+    results["samples"] = records
     return results
 
 

@@ -8,16 +8,19 @@ run will not fit are in `trl_grpo_ext.presets`.
 `estimate()` adds up the terms below, in bytes, for one process. Notation: L layers, h hidden size, I intermediate
 size, a attention heads, k key-value heads, d head dim, V vocabulary, P prompt and C completion tokens, s = P + C, b =
 `per_device_train_batch_size` (completions per micro-batch), B = completions generated at once per process
-(`generation_batch_size / world_size`), w = 2 bytes (bf16).
+(`generation_batch_size / world_size`), w = 2 bytes (bf16 or fp16: the same bytes, so one formula covers both).
 
-* **weights**: bf16, 2 bytes a parameter. NF4 (`load_in_4bit`): 4 bits per weight of the decoder's linear layers plus
-  their quantization constants, one fp32 absmax per block of 64 (0.5 bit a weight), or with double quantization 8-bit
-  absmaxes and one fp32 constant per 256 blocks (8/64 + 32/(64·256) = 0.127 bit; QLoRA, arXiv:2305.14314, Sec. 3).
-  bitsandbytes converts `nn.Linear` only, and transformers keeps the output embedding and anything tied to it in full
-  precision (`get_keys_to_not_convert`), so embeddings, lm_head, norms and biases stay bf16. (The forward dequantizes
-  one weight at a time: at most 2·h·I bytes, 45 MB for Qwen2.5-3B, left to the overhead term.)
+* **weights**: bf16 or fp16 (`dtype`), 2 bytes a parameter. NF4 (`load_in_4bit`): 4 bits per weight of the decoder's
+  linear layers plus their quantization constants, one fp32 absmax per block of 64 (0.5 bit a weight), or with double
+  quantization 8-bit absmaxes and one fp32 constant per 256 blocks (8/64 + 32/(64·256) = 0.127 bit; QLoRA,
+  arXiv:2305.14314, Sec. 3). bitsandbytes converts `nn.Linear` only, and transformers keeps the output embedding and
+  anything tied to it in full precision (`get_keys_to_not_convert`), so embeddings, lm_head, norms and biases stay in
+  the model's 16-bit dtype. (The forward dequantizes one weight at a time: at most 2·h·I bytes, 45 MB for
+  Qwen2.5-3B, left to the overhead term.)
 * **adapters**: LoRA adds r·(d_in + d_out) parameters per targeted linear (arXiv:2106.09685, Sec. 4.1). PEFT keeps them
-  in fp32 on a bf16 model (`autocast_adapter_dtype=True`); TRL casts them to bf16 on a quantized one (QLoRA's choice).
+  in fp32 on a bf16 or fp16 model (`autocast_adapter_dtype=True`); TRL casts them to bf16 on a quantized one (QLoRA's
+  choice), whatever the mixed precision. torch's fp16 `GradScaler` has no CUDA kernel to unscale bf16 gradients, so
+  `estimate` refuses `fp16=True` with 4-bit weights (`precision_problem`); fp16 trains LoRA on fp16 weights.
 * **optimizer**: AdamW keeps 2 states of the parameter's dtype (torch; 8 bytes for fp32 parameters) plus, with
   `foreach`, one temporary copy; bitsandbytes' 8-bit AdamW (and its paged variant) keeps 2 one-byte states plus an
   fp32 absmax per block of 256 (arXiv:2110.02861, Sec. 2). **gradients**: one per trainable parameter, of its dtype.
@@ -284,6 +287,23 @@ def optimizer_bytes(trainable: int, optim: str, param_bytes: int) -> int:
     return trainable * 3 * param_bytes
 
 
+def precision_problem(args, load_in_4bit: bool) -> str | None:
+    """Why a run's mixed precision cannot train its weights, or None.
+
+    `fp16=True` with 4-bit weights: TRL 1.16 casts QLoRA adapters to bf16 (`GRPOTrainer.__init__`, for any
+    quantized model), and the fp16 `GradScaler` fails at the first optimizer step on CUDA (no BFloat16 kernel for
+    `_amp_foreach_non_finite_check_and_unscale_`). LoRA on fp16 weights keeps fp32 adapters, which it unscales.
+    """
+    if getattr(args, "fp16", False) and load_in_4bit:
+        return (
+            "fp16=True with load_in_4bit: TRL casts QLoRA adapters to bf16 and torch's fp16 GradScaler cannot unscale "
+            "bf16 gradients on CUDA, so the first optimizer step fails. On a card without bf16 (a T4) train LoRA on "
+            "float16 weights (--load_in_4bit false --dtype float16; recipes/configs/gsm8k-t4.yaml), or cast the "
+            "adapters back to fp32 after building the trainer (recipes/notebooks/gsm8k_qlora_quickstart.ipynb)"
+        )
+    return None
+
+
 def estimate(
     model_config,
     args,
@@ -316,12 +336,16 @@ def estimate(
         A `MemoryEstimate` in GiB.
 
     Raises:
-        ValueError: an unknown LoRA target, 4-bit weights without LoRA, colocated vLLM without `card_gib` or with a
-            share of the card smaller than the weights, continuous batching without `card_gib`, a fast-generation
-            setting that cannot apply to this model (`generation.checks.model_setting_problem`).
+        ValueError: an unknown LoRA target, 4-bit weights without LoRA or with fp16 (`precision_problem`), colocated
+            vLLM without `card_gib` or with a share of the card smaller than the weights, continuous batching without
+            `card_gib`, a fast-generation setting that cannot apply to this model
+            (`generation.checks.model_setting_problem`).
     """
     if load_in_4bit and lora_r is None:
         raise ValueError("load_in_4bit needs LoRA (lora_r): 4-bit weights cannot be trained directly")
+    problem = precision_problem(args, load_in_4bit)
+    if problem is not None:
+        raise ValueError(problem)
     linear, other = parameter_counts(model_config)
     weights = linear * NF4_BITS[nested_quant] / 8 + other * 2 if load_in_4bit else (linear + other) * 2
     targets = None if lora_r is None else lora_targets(lora_target_modules)
@@ -399,7 +423,9 @@ def estimate_for(model_config, args, model_args, **kwargs) -> MemoryEstimate:
         ValueError: weights that are not bf16/fp16 (`dtype`), which the formulas do not model.
     """
     if model_args.dtype not in ("bfloat16", "float16"):
-        raise ValueError(f"the estimate models bf16/fp16 weights: set dtype to bfloat16, got {model_args.dtype!r}")
+        raise ValueError(
+            f"the estimate models bf16/fp16 weights: set dtype to bfloat16 or float16, got {model_args.dtype!r}"
+        )
     return estimate(
         model_config,
         args,

@@ -9,6 +9,8 @@
 * `load_config`: the (GRPOConfig, ModelConfig) of a recipe YAML, as `TrlParser` reads it.
 * `warn_if_too_big`: the `MemoryFitWarning` a recipe gives on a GPU before it loads a model whose run is estimated
   above 90% of the card (`fit_warning` words it; `cuda_card_gib` gives the card's size).
+* `training_precision`: "bf16", "fp16" or "fp32", what this machine's card trains in (the notebooks pick their dtype
+  with it; `recipes/configs/gsm8k-t4.yaml` is the fp16 preset).
 """
 
 import json
@@ -72,10 +74,28 @@ def cuda_card_gib() -> float | None:
     return torch.cuda.get_device_properties(0).total_memory / GIB if torch.cuda.is_available() else None
 
 
+def training_precision() -> str:
+    """The mixed precision for this machine: "bf16" on a CUDA card that computes in bfloat16 (compute capability 8.0
+    and up: Ampere, Ada, Hopper), "fp16" on an older one (a T4 is 7.5), "fp32" without CUDA.
+
+    `torch.cuda.is_bf16_supported()` with its default `including_emulation=True` says True on a T4 too (bfloat16
+    emulated in software, slowly); this asks for bfloat16 in hardware.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return "fp32"
+    return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
+
+
 def warn_if_too_big(model_args, args, card_gib: float | None) -> MemoryEstimate | None:
     """Warn (`MemoryFitWarning`) before a model is loaded when its run is estimated not to fit the card.
 
     Returns the estimate, or None when there is no card or the architecture is not known locally (nothing downloads).
+
+    Raises:
+        ValueError: settings the estimate refuses because the run cannot train (`memory.estimate`: fp16 with 4-bit
+            weights, a fast-generation setting that cannot apply), so that a recipe stops before loading the model.
     """
     name = model_args.model_name_or_path
     if card_gib is None or name is None or model_args.dtype not in ("bfloat16", "float16"):
