@@ -247,3 +247,16 @@ def test_numpy_numbers_are_numbers_and_huge_ones_are_refused_by_name(tmp_path):
 def test_none_is_not_a_list_of_modes(tmp_path, name):
     with pytest.raises(ValueError, match=f"^{name} must be a list of modes among .*, got None$"):
         _config(tmp_path, **{name: None})
+
+
+@pytest.mark.parametrize(
+    "name", ["num_generations", "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
+             "generation_batch_size", "max_completion_length", "num_iterations"],
+)  # fmt: skip
+def test_trl_counts_of_zero_are_refused_before_trl_divides_by_them(name):
+    """0 made TRL's __post_init__ divide by zero (num_generations) or failed only once the model was loaded, naming
+    another field; now a ValueError names the field and the value at config time."""
+    with pytest.raises(ValueError, match=rf"^{name} must be .*, got 0$"):
+        GRPOConfig(output_dir="/tmp/unused", use_cpu=True, bf16=False, **{name: 0})
+    with pytest.raises(ValueError, match=r"^temperature must be > 0 .*, got 0.0$"):
+        GRPOConfig(output_dir="/tmp/unused", use_cpu=True, bf16=False, temperature=0.0)

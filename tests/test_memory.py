@@ -446,3 +446,22 @@ def test_gpu_benchmark_table_shows_estimates_next_to_measurements_and_errors():
         "| 8gb | Qwen/Qwen2.5-1.5B-Instruct | QLoRA r=16 | 320 + 512 | 8 / 64 | 4.04 (3.04) | 3.50 |"
     )
     assert lines[5].startswith("| 24gb | - |") and "- 24gb: timed out after 30 s" in table
+
+
+def test_memory_command_errors_are_one_line(tmp_path, capsys):
+    """A config that is not YAML, a missing one and a rejected value: one line each, exit 2 (the file) or 1 (a
+    value), no traceback."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model_name_or_path: [Qwen\n")
+    config = str(REPO_ROOT / "recipes/configs/gsm8k-8gb.yaml")
+    cases = [
+        (["--config", str(bad)], 2, f"trl-grpo-ext memory: error: --config {bad}: not valid YAML at line 2, column 1"),
+        (["--config", str(tmp_path / "none.yaml")], 2, f"trl-grpo-ext memory: error: --config {tmp_path}/none.yaml: "
+         "no such file"),
+        (["--config", config, "--num_generations", "0"], 1, "trl-grpo-ext memory: error: num_generations must be 2 "
+         "or more (completions per prompt: each is scored against the others of its prompt), got 0"),
+    ]  # fmt: skip
+    for argv, code, start in cases:
+        assert cli.main(["memory", *argv]) == code
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(start), err

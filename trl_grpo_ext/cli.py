@@ -82,8 +82,6 @@ def _positive(kind):
 
 
 def _memory(argv: list[str]) -> int:
-    from pathlib import Path
-
     from . import memory, presets
 
     parser = argparse.ArgumentParser(
@@ -104,21 +102,17 @@ def _memory(argv: list[str]) -> int:
     )
     parser.add_argument("--model-config", help="the model's config.json (default: known models, local folders)")
     args, overrides = parser.parse_known_args(argv)
-    if not Path(args.config).is_file():
-        parser.error(f"--config {args.config}: no such file")
-    try:
-        training_args, model_args = presets.load_config(args.config, *overrides)
-        if not (args.model_config or model_args.model_name_or_path):
-            raise ValueError(
-                f"{args.config} sets no model_name_or_path (a tiny_model config builds its model at run time): pass "
-                "--model-config with a config.json or a model folder"
-            )
-        model_config = presets.architecture_config(args.model_config or model_args.model_name_or_path)
-        result = memory.estimate_for(
-            model_config, training_args, model_args, prompt_length=args.prompt_length, card_gib=args.card_gib
+    entry_points.read_config_file(args.config, examples="recipes/configs/*.yaml")  # a UsageError: one line
+    training_args, model_args = presets.load_config(args.config, *overrides)  # a rejected value: ValueError
+    if not (args.model_config or model_args.model_name_or_path):
+        raise ValueError(
+            f"{args.config} sets no model_name_or_path (a tiny_model config builds its model at run time): pass "
+            "--model-config with a config.json or a model folder"
         )
-    except ValueError as error:
-        parser.error(str(error))
+    model_config = presets.architecture_config(args.model_config or model_args.model_name_or_path)
+    result = memory.estimate_for(
+        model_config, training_args, model_args, prompt_length=args.prompt_length, card_gib=args.card_gib
+    )
     method = "full fine-tuning"
     if model_args.use_peft:
         weights = {"float16": "fp16", "float32": "fp32"}.get(str(model_args.dtype), "bf16")

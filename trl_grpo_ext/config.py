@@ -17,6 +17,19 @@ GRAD_REG_MODES = ("zclip", "agc", "skip_nonfinite")
 GENERATION_LORA_MERGE = ("none", "inplace", "copy")
 
 
+# TRL's and transformers' count fields checked before TRL's `__post_init__` (`GRPOConfig._check_trl_counts`): the
+# least value each allows, and what the message asks for. num_generations 1 is left to TRL's own message.
+TRL_COUNTS = {
+    "num_generations": (1, "2 or more (completions per prompt: each is scored against the others of its prompt)"),
+    "per_device_train_batch_size": (1, ">= 1 (completions per micro-batch)"),
+    "gradient_accumulation_steps": (1, ">= 1 (micro-batches per optimizer step)"),
+    "steps_per_generation": (1, ">= 1 (micro-batches per generation batch)"),
+    "generation_batch_size": (1, ">= 1 (completions generated at once)"),
+    "max_completion_length": (1, ">= 1 (tokens)"),
+    "num_iterations": (1, ">= 1 (passes over each generation batch)"),
+}
+
+
 def policy_grouping_requested(args) -> bool:
     """Whether a config asks for policy grouping (the trainer's `policy_group_fn` also turns it on)."""
     return args.policy_group_column is not None or args.policy_group_features is not None
@@ -378,8 +391,20 @@ class GRPOConfig(TRLGRPOConfig):
     )
 
     def __post_init__(self):
+        self._check_trl_counts()  # before TRL's own __post_init__, which divides by some of them
         super().__post_init__()
         self._check_fields()
+
+    def _check_trl_counts(self) -> None:
+        """TRL's and transformers' counts that they take unchecked: 0 divides by zero in TRL's `__post_init__`
+        (`num_generations`) or fails only once the model is loaded, naming another field (a batch size of 0 from
+        `steps_per_generation=0`). Raises ValueError naming the field and the value; valid values change nothing."""
+        for name, (least, wanted) in TRL_COUNTS.items():
+            value = getattr(self, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value < least:
+                raise ValueError(f"{name} must be {wanted}, got {value}")
+        if self.temperature is not None and not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 (TRL samples completions), got {self.temperature}")
 
     def _check_fields(self) -> None:
         """This package's checks (also run on a TRL config by `add_defaults`). Raises ValueError naming the field."""

@@ -186,19 +186,16 @@ def config_path(argv: list[str]) -> str | None:
     return argv[index]
 
 
-def check_config_file(parser, argv: list[str], examples: str | None = None) -> None:
-    """Check the `--config` YAML of `argv` (if any) before anything reads it: it exists, is a YAML mapping, and every
-    key is a field of `parser` (or `env`, TrlParser's environment variables).
+def read_config_file(path: str, examples: str | None = None) -> dict:
+    """The `--config` YAML at `path` as a mapping, before anything else reads it.
 
     Args:
         examples: where working configs are, for the message of a missing file (e.g. "recipes/configs/*.yaml").
 
     Raises:
-        UsageError: naming the file and the problem; an unknown key with the closest field name.
+        UsageError: naming the file and the problem (no such file, not valid YAML with the line and column, not a
+            mapping).
     """
-    path = config_path(argv)
-    if path is None:
-        return
     if not Path(path).is_file():
         where = f"relative paths start at {os.getcwd()}" + (f"; working configs: {examples}" if examples else "")
         raise UsageError(f"--config {path}: no such file ({where})")
@@ -213,6 +210,20 @@ def check_config_file(parser, argv: list[str], examples: str | None = None) -> N
         raise UsageError(f"--config {path}: not valid YAML{line}: {problem}") from error
     if not isinstance(config, dict):
         raise UsageError(f"--config {path}: expected a YAML mapping of field: value, got {type(config).__name__}")
+    return config
+
+
+def check_config_file(parser, argv: list[str], examples: str | None = None) -> None:
+    """Check the `--config` YAML of `argv` (if any) before anything reads it: `read_config_file`, and every key is a
+    field of `parser` (or `env`, TrlParser's environment variables).
+
+    Raises:
+        UsageError: naming the file and the problem; an unknown key with the closest field name.
+    """
+    path = config_path(argv)
+    if path is None:
+        return
+    config = read_config_file(path, examples)
     known = field_names(parser)
     unknown = [str(key) for key in config if key not in known and key != "env"]
     if unknown:
