@@ -82,9 +82,9 @@ QUIET_WARNINGS = [
 # Known harmless log records our entry points drop: logger name -> regex matched at the start of the message.
 QUIET_LOGS = {
     # bitsandbytes logs this (logger.warning, not a print) on CPUs with AVX512-BF16 when the optional `kernels`
-    # package is missing; its own CPU code path is used instead. It logs it while it is imported, and today that is
-    # while `trl_grpo_ext` itself is imported (config -> TRL -> PEFT -> bitsandbytes), before any entry point runs:
-    # the filter acts once the package imports its classes lazily.
+    # package is missing; its own CPU code path is used instead. It logs it while it is imported (TRL -> PEFT ->
+    # bitsandbytes), so the entry points set this filter before they import TRL (`trl_grpo_ext/__init__.py` imports
+    # its classes on first use, and the recipes call `quiet_script_start` first).
     "bitsandbytes.backends.cpu.ops": r"Failed to load CPU gemm_4bit_forward from kernels-community",
 }
 
