@@ -253,5 +253,9 @@ def test_base_that_cannot_be_found_names_base_model_flag(lora_run, tiny_model_di
         assert "\n" not in str(error.value)
         assert not (tmp_path / "out").exists()
 
+    # a --base-model that is not there is the user's own path: checked, not "pass --base-model"
+    with pytest.raises(FileNotFoundError, match=r"nope \(--base-model\) does not exist: check that path$"):
+        export_merged(run_dir, tmp_path / "out", base_model=str(tmp_path / "nope"), verbose=False)
+
     assert cli([str(run_dir), str(tmp_path / "out"), "--base-model", tiny_model_dir]) == 0
     assert (tmp_path / "out" / "model.safetensors").is_file()

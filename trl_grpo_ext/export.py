@@ -120,15 +120,16 @@ def _load_config(name: str, origin: str, revision: str | None = None):
     """The `PretrainedConfig` of model `name` (a folder or a Hub id), or a one-line error naming the fix."""
     from transformers import AutoConfig
 
+    fix = "check that path" if origin == "--base-model" else "pass --base-model PATH"
     if looks_like_local_path(name) and not Path(name).expanduser().is_dir():
-        raise FileNotFoundError(f"model folder {name} ({origin}) does not exist: pass --base-model PATH")
+        raise FileNotFoundError(f"model folder {name} ({origin}) does not exist: {fix}")
     try:
         config = AutoConfig.from_pretrained(name, revision=revision)
     except (OSError, ValueError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ValueError(
             f"cannot load model {name!r} ({origin}): not a model folder and not in the Hugging Face cache "
-            f"(offline?): pass --base-model PATH to a local copy ({first})"
+            f"(offline?): {fix if origin == '--base-model' else 'pass --base-model PATH to a local copy'} ({first})"
         ) from error
     quantization = getattr(config, "quantization_config", None)
     if quantization is not None:
