@@ -67,7 +67,7 @@ def run(job: dict) -> dict:
     from transformers import PrinterCallback
 
     from trl_grpo_ext import GRPOConfig, GRPOTrainer
-    from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows
+    from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 
     reward, length, lr, target = TASKS[job["task"]]
     ours = job["overrides"] is not None

@@ -10,7 +10,7 @@
    (`tests.test_resume_gpu.resume_inside_cycle`, the GPU test's case `every_feature_bf16_weights`).
 2. `qlora_eval`: QLoRA (bitsandbytes 4-bit NF4 + LoRA) trains 2 GRPO steps on GSM8K problems and its LoRA weights
    move; the adapter is saved and `recipes/eval_gsm8k.py`'s `main` evaluates it in this process on 4 test problems
-   (from `../shared/data/gsm8k` when present, else seeded GSM8K-format problems of `trl_grpo_ext.data`).
+   (from `../shared/data/gsm8k` when present, else seeded GSM8K-format problems of `trl_grpo_ext.gsm8k.data`).
 3. `gpu_tests`: `pytest -m gpu` on the test files that hold GPU-marked tests (fast generation, resume, and the fp16
    paths of the T4 preset and the quickstart notebook, `tests/test_fp16_gpu.py`), in a subprocess, with what is left of
    `--time-budget` as its timeout. On CUDA a skipped test fails the check; with `--device cpu` they all skip and
@@ -56,7 +56,7 @@ def gsm8k_folder(work: Path) -> tuple[Path, str]:
     seeded generated problems written to `work`."""
     if (GSM8K_DIR / "train.jsonl").is_file() and (GSM8K_DIR / "test.jsonl").is_file():
         return GSM8K_DIR, f"GSM8K from {GSM8K_DIR}"
-    from trl_grpo_ext.data import synthetic_gsm8k
+    from trl_grpo_ext.gsm8k.data import synthetic_gsm8k
 
     folder = work / "gsm8k"
     folder.mkdir(parents=True, exist_ok=True)
@@ -75,8 +75,8 @@ def check_qlora_eval(model_dir: str, work: Path, device: str, dtype: str) -> str
 
     from tests.conftest import length_reward
     from trl_grpo_ext import GRPOConfig, GRPOTrainer
-    from trl_grpo_ext.data import load_gsm8k
-    from trl_grpo_ext.rewards import gsm8k_accuracy
+    from trl_grpo_ext.gsm8k.data import load_gsm8k
+    from trl_grpo_ext.gsm8k.rewards import gsm8k_accuracy
 
     data_dir, data_note = gsm8k_folder(work)
     compute = torch.float32 if dtype == "fp32" else torch.bfloat16  # the 4-bit layers' compute dtype, the rest's

@@ -49,7 +49,7 @@ def preset_path(preset: str) -> Path:
 def preset_config(preset: str, output_dir: str, steps: int, device: str, tiny: bool, extra: list[str] = ()):
     """(GRPOConfig, ModelConfig, architecture config, prompt length) of a preset, with a benchmark's overrides: no
     saving, a log row per step, seed 0, `extra` (command-line style) last; `tiny` shrinks the model and lengths."""
-    from trl_grpo_ext import memory, presets
+    from trl_grpo_ext.consumer_gpu import memory, presets
 
     overrides = ["--output_dir", output_dir, "--max_steps", str(steps), "--report_to", "none"]
     overrides += ["--save_strategy", "no", "--logging_steps", "1", "--disable_tqdm", "true", "--seed", "0"]
@@ -100,7 +100,7 @@ def prompt_dataset(tokenizer, prompt_length: int, rows: int = 64):
     """`rows` plain-text prompts of `prompt_length` tokens (GSM8K-style text), in 4 difficulty groups."""
     from datasets import Dataset
 
-    from trl_grpo_ext.data import synthetic_gsm8k
+    from trl_grpo_ext.gsm8k.data import synthetic_gsm8k
 
     text = " ".join(row["question"] for row in synthetic_gsm8k(200, seed=0))
     ids = tokenizer(text)["input_ids"]

@@ -6,8 +6,9 @@
                                                               # writes into the temp dir, not benchmarks/results)
 
 For each preset `recipes/configs/gsm8k-<N>gb.yaml`: a model of the preset's architecture
-(`trl_grpo_ext/model_configs/`) with random weights, built on the device and saved once in bf16, then loaded by
-TRL as the recipe loads it (4-bit NF4 for QLoRA, the preset's LoRA, optimizer, checkpointing and extension settings);
+(`trl_grpo_ext/consumer_gpu/model_configs/`) with random weights, built on the device and saved once in bf16, then
+loaded by TRL as the recipe loads it (4-bit NF4 for QLoRA, the preset's LoRA, optimizer, checkpointing and extension
+settings);
 a byte-level BPE tokenizer trained locally (`trl_grpo_ext.tiny_model`; its ids stay below the model's vocabulary);
 prompts of the estimate's prompt length; every completion forced to `max_completion_length` (`min_new_tokens`); a
 reward computed from the text, no model. Nothing is downloaded. Each preset runs in a process of its own, so its peak
@@ -48,7 +49,7 @@ PRESETS = ("8gb", "12gb", "16gb", "24gb")
 
 def estimate_row(training_args, model_args, model_config, prompt_length: int) -> dict:
     """The estimate of a preset as the benchmark runs it, in GiB, and what it runs."""
-    from trl_grpo_ext import memory
+    from trl_grpo_ext.consumer_gpu import memory
 
     est = memory.estimate_for(model_config, training_args, model_args, prompt_length=prompt_length)
     return {

@@ -24,7 +24,7 @@ configurations, each in a process of its own, `--steps` GRPO steps each:
 The first step compiles where compilation is on; the figures are the median over the later steps (`first_step_s`
 keeps the first). Completion tokens per second = completion tokens of a step / the step's wall time; generation and
 training time split the step; `merge_share` is the merge/restore (or copy refresh) time over the step time; peaks
-are `torch.cuda.max_memory_allocated`, next to `trl_grpo_ext.memory`'s estimate for the preset's card.
+are `torch.cuda.max_memory_allocated`, next to `trl_grpo_ext.consumer_gpu.memory`'s estimate for the preset's card.
 `--completion-length` (default 256 on CUDA; 0: the preset's own 512 or 768; with `--tiny`, 16) keeps the whole run
 inside 8 minutes on one H200: stock TRL decodes at a fixed cost per token, so its tokens per second hardly depend on
 the length. Configurations run in priority order
@@ -129,7 +129,7 @@ def summarize(row: dict) -> dict:
 
 def measure(preset: str, config: str, args, model_dir: Path) -> dict:
     """One configuration of one preset: what it runs, the estimate for the preset's card, the measured figures."""
-    from trl_grpo_ext import memory
+    from trl_grpo_ext.consumer_gpu import memory
 
     card = float(preset.removesuffix("gb"))
     extra = list(CONFIGS[config])

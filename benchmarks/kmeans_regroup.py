@@ -3,8 +3,8 @@
     python benchmarks/kmeans_regroup.py [--prompts 10000] [--groups 4] [--repeats 3]
 
 Prompts are GSM8K's training questions (`../shared/data/gsm8k/train.jsonl`, repeated up to `--prompts`), as chat
-prompts. The script times what the trainer does: TF-IDF features (`grouping.tfidf_features`) plus k-means
-(`grouping.kmeans_groups`). It prints the median of `--repeats` runs and the group sizes.
+prompts. The script times what the trainer does: TF-IDF features (`policy_groups.assignment.tfidf_features`) plus
+k-means (`kmeans_groups`). It prints the median of `--repeats` runs and the group sizes.
 """
 
 import argparse
@@ -18,8 +18,8 @@ from datasets import Dataset
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
-from trl_grpo_ext import grouping  # noqa: E402
-from trl_grpo_ext.data import load_gsm8k  # noqa: E402
+from trl_grpo_ext.gsm8k.data import load_gsm8k  # noqa: E402
+from trl_grpo_ext.policy_groups.assignment import kmeans_groups, prompt_texts, tfidf_features  # noqa: E402
 
 
 def main() -> None:
@@ -34,8 +34,8 @@ def main() -> None:
     timings = []
     for _ in range(args.repeats):
         start = time.perf_counter()
-        features = grouping.tfidf_features(grouping.prompt_texts(dataset))
-        names, assignment = grouping.kmeans_groups(features, args.groups, seed=0)
+        features = tfidf_features(prompt_texts(dataset))
+        names, assignment = kmeans_groups(features, args.groups, seed=0)
         timings.append(time.perf_counter() - start)
     sizes = dict(zip(names, np.bincount(assignment).tolist(), strict=True))
     median = statistics.median(timings)

@@ -122,7 +122,7 @@ class MixReward:
 def datasets(mix: str):
     from datasets import Dataset
 
-    from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows
+    from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 
     groups, _ = MIXES[mix]
     rows = to_grpo_rows(synthetic_gsm8k(PROMPTS, seed=7))

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser, set_seed
 
-from trl_grpo_ext.data import load_gsm8k
-from trl_grpo_ext.evaluation import evaluate_gsm8k, format_table, load_model_for_eval, write_results
+from trl_grpo_ext.gsm8k.data import load_gsm8k
+from trl_grpo_ext.gsm8k.evaluation import evaluate_gsm8k, format_table, load_model_for_eval, write_results
 
 
 @dataclass

@@ -34,13 +34,14 @@ from transformers import PrinterCallback, ProgressCallback
 from trl import ModelConfig, TrlParser, get_peft_config, get_quantization_config
 from trl.rewards import get_soft_overlong_punishment
 
-from trl_grpo_ext import GRPOConfig, GRPOTrainer, presets
+from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.callbacks import MetricsTableCallback
-from trl_grpo_ext.data import load_gsm8k, synthetic_gsm8k, to_grpo_rows
-from trl_grpo_ext.evaluation import evaluate_gsm8k, format_table, write_results
+from trl_grpo_ext.consumer_gpu import presets
 from trl_grpo_ext.generation.checks import model_setting_problem
+from trl_grpo_ext.gsm8k.data import load_gsm8k, synthetic_gsm8k, to_grpo_rows
+from trl_grpo_ext.gsm8k.evaluation import evaluate_gsm8k, format_table, write_results
+from trl_grpo_ext.gsm8k.rewards import REWARD_FUNCS
 from trl_grpo_ext.requirements import check_optional_dependencies, deepspeed_requested
-from trl_grpo_ext.rewards import REWARD_FUNCS
 from trl_grpo_ext.tiny_model import save_tiny_model
 
 

@@ -42,13 +42,13 @@ wheels=("$work"/dist/trl_grpo_ext-*-py3-none-any.whl)
 wheel="${wheels[0]}"
 stage "built $(basename "$wheel")"
 
-# 2. What the wheel holds: every file of the source's trl_grpo_ext/ (modules, and model_configs/*.json as package
+# 2. What the wheel holds: every file of the source's trl_grpo_ext/ (modules, and consumer_gpu/model_configs/*.json as package
 # data: a new data file needs pyproject.toml's package-data), its .dist-info with the console script, and nothing
 # else (tests, benchmarks, recipes, scripts stay in the clone).
 unzip -Z1 "$wheel" | sort >"$work/wheel.txt"
 (cd "$work/src" && find trl_grpo_ext -type f -not -path '*/__pycache__/*' -not -name '*.pyc' | sort) \
   >"$work/expected.txt"
-grep -q '^trl_grpo_ext/model_configs/.*\.json$' "$work/expected.txt" || fail "no trl_grpo_ext/model_configs/*.json"
+grep -q '^trl_grpo_ext/consumer_gpu/model_configs/.*\.json$' "$work/expected.txt" || fail "no trl_grpo_ext/consumer_gpu/model_configs/*.json"
 stray="$(grep -vE '^trl_grpo_ext(/|-[^/]*\.dist-info/)' "$work/wheel.txt" || true)"
 [ -z "$stray" ] || fail "files outside the package in the wheel:"$'\n'"$stray"
 ! grep -qE '(^|/)(tests|benchmarks|recipes|scripts)/' "$work/wheel.txt" || fail "tests/benchmarks/recipes in the wheel"
@@ -100,7 +100,7 @@ venv, recipe = sys.argv[1:]
 location = Path(trl_grpo_ext.__file__).resolve()
 assert Path(venv).resolve() in location.parents, f"trl_grpo_ext imported from {location}, not the venv"
 assert issubclass(GRPOConfig, trl.GRPOConfig) and issubclass(GRPOTrainer, trl.GRPOTrainer)
-configs = sorted(p.name for p in (files("trl_grpo_ext") / "model_configs").iterdir())
+configs = sorted(p.name for p in (files("trl_grpo_ext.consumer_gpu") / "model_configs").iterdir())
 assert configs, "no model configs in the installed package"
 print(f"import trl_grpo_ext {trl_grpo_ext.__version__} from {location.parent}; model configs: {', '.join(configs)}")
 (script,) = entry_points(group="console_scripts", name="trl-grpo-ext")

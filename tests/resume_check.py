@@ -25,7 +25,7 @@ from peft import LoraConfig
 from transformers import PrinterCallback
 
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
-from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows
+from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 
 # Timings differ between any two runs; `train_loss` is transformers' mean loss of one `train()` call, which after a
 # resume covers only the steps that call ran (by design: `Trainer._initial_global_step`).

@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import REPO_ROOT
 from tests.test_recipes import load_recipe
 from trl_grpo_ext import cli, entry_points
-from trl_grpo_ext.data import DatasetFormatError
+from trl_grpo_ext.gsm8k.data import DatasetFormatError
 
 DEMO = str(REPO_ROOT / "recipes/configs/demo_cpu.yaml")
 MISSING_MODEL_FIX = "give a model, checkpoint or LoRA adapter folder, or a Hub id"

@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from trl_grpo_ext.data import (
+from trl_grpo_ext.gsm8k.data import (
     SYSTEM_PROMPT,
     DatasetFormatError,
     check_dataset_path,
@@ -14,7 +14,7 @@ from trl_grpo_ext.data import (
     synthetic_gsm8k,
     to_grpo_rows,
 )
-from trl_grpo_ext.rewards import gsm8k_accuracy
+from trl_grpo_ext.gsm8k.rewards import gsm8k_accuracy
 
 
 def test_real_gsm8k_rows(gsm8k_dir):
@@ -85,7 +85,7 @@ def test_row_without_gold_line_is_reported_and_skipped(tmp_path, caplog):
         ['{"question": "a", "answer": "2+2=4\\n#### 4"}', '{"question": "b", "answer": "no marker"}',
          '{"question": "c", "answer": "#### 1,000"}', '{"question": "d", "answer": "#### two"}'],
     )  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger="trl_grpo_ext.data"):
+    with caplog.at_level(logging.WARNING, logger="trl_grpo_ext.gsm8k.data"):
         dataset = load_gsm8k("train", tmp_path / "d")
     assert dataset["answer"] == ["4", "1000"]
     assert "line 2: answer has no '#### N' line; row skipped" in caplog.text

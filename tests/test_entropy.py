@@ -9,11 +9,15 @@ from torch.testing import assert_close
 from trl import GRPOConfig as TRLGRPOConfig
 from trl import GRPOTrainer as TRLGRPOTrainer
 
+import trl_grpo_ext.entropy.bonus
+import trl_grpo_ext.entropy.covariance
 from tests.conftest import length_reward, small_grpo_kwargs
 from tests.resume_check import check_resume, launch_phase
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
-from trl_grpo_ext import entropy as er
-from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows
+from trl_grpo_ext.entropy.bonus import completion_entropy, entropy_advantages, entropy_bonus
+from trl_grpo_ext.entropy.controller import EntropyPI
+from trl_grpo_ext.entropy.covariance import clip_cov_draw, clip_cov_mask, kl_cov_mask, kl_cov_penalty, token_covariance
+from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 
 
 def _dataset(n=32):
@@ -24,7 +28,7 @@ def _dataset(n=32):
 
 
 def test_pi_controller_step_response_and_anti_windup():
-    pi = er.EntropyPI(target=1.0, kp=0.1, ki=0.05, bounds=(0.0, 0.3), keys=["all"])
+    pi = EntropyPI(target=1.0, kp=0.1, ki=0.05, bounds=(0.0, 0.3), keys=["all"])
     coefs = []
     for _ in range(12):  # entropy held at 0.5 nats: error e = 0.5 every step
         pi.update({"all": 0.5})
@@ -40,7 +44,7 @@ def test_pi_controller_step_response_and_anti_windup():
 
 
 def test_pi_controller_stays_at_its_floor_while_entropy_is_high_and_follows_regroups():
-    pi = er.EntropyPI(target=1.0, kp=0.1, ki=0.05, bounds=(0.01, 1.0), keys=["a", "b", "c"])
+    pi = EntropyPI(target=1.0, kp=0.1, ki=0.05, bounds=(0.01, 1.0), keys=["a", "b", "c"])
     pi.update({"a": 6.0, "b": 0.0})  # a: e = -5, output -0.75 < floor: not integrated; b: e = 1 -> 0.1 + 0.05
     assert pi.coef == {"a": 0.01, "b": pytest.approx(0.15), "c": 0.01}
     assert pi.integral == {"a": 0.0, "b": 1.0, "c": 0.0}
@@ -57,7 +61,7 @@ def test_pi_controller_stays_at_its_floor_while_entropy_is_high_and_follows_regr
     assert pi.coef["a+b+c/lo"] == pytest.approx((0.1625 + 0.01) / 2)
     assert pi.mean_coefficient() == pytest.approx(((0.1625 + 0.01) / 2 + 0.01) / 2)
     state = pi.state_dict()
-    other = er.EntropyPI(target=1.0, kp=0.1, ki=0.05, bounds=(0.01, 1.0), keys=["a"])
+    other = EntropyPI(target=1.0, kp=0.1, ki=0.05, bounds=(0.01, 1.0), keys=["a"])
     other.load_state_dict(state)
     assert other.coef == pi.coef and other.integral == pi.integral
 
@@ -65,7 +69,7 @@ def test_pi_controller_stays_at_its_floor_while_entropy_is_high_and_follows_regr
 def test_pi_controller_integral_stays_within_the_coefficient_range():
     # ki*I is kept in [c_min, c_max] = [0, 0.3]: a long spell above the target leaves I at 0, so a later fall below
     # the target gets its bonus at once (the proportional term plus a fresh integral)
-    pi = er.EntropyPI(target=1.0, kp=0.5, ki=0.1, bounds=(0.0, 0.3), keys=["all"], horizon=10)
+    pi = EntropyPI(target=1.0, kp=0.5, ki=0.1, bounds=(0.0, 0.3), keys=["all"], horizon=10)
     pi.update({"all": 1.2})
     for _ in range(20):  # slowly falling above the target: the projection keeps the output positive, e < 0
         pi.update({"all": 1.15})
@@ -74,15 +78,15 @@ def test_pi_controller_integral_stays_within_the_coefficient_range():
     trend = pi.trend["all"]
     expected = 0.5 * (1.0 - (0.8 + 10 * trend)) + 0.1 * 0.2
     assert pi.coef["all"] == pytest.approx(min(expected, 0.3))
-    integral_only = er.EntropyPI(target=1.0, kp=0.0, ki=0.1, bounds=(0.0, 0.3), keys=["all"])
+    integral_only = EntropyPI(target=1.0, kp=0.0, ki=0.1, bounds=(0.0, 0.3), keys=["all"])
     for _ in range(10):  # e = 1 every step: I = 1, 2, 3, then held at c_max / k_i = 3
         integral_only.update({"all": 0.0})
     assert integral_only.integral["all"] == pytest.approx(3.0) and integral_only.coef["all"] == pytest.approx(0.3)
 
 
 def test_pi_controller_with_a_horizon_acts_before_a_fast_fall_crosses_the_target():
-    pi = er.EntropyPI(target=1.0, kp=0.5, ki=0.02, bounds=(0.0, 1.0), keys=["all"], horizon=4)
-    plain = er.EntropyPI(target=1.0, kp=0.5, ki=0.02, bounds=(0.0, 1.0), keys=["all"])
+    pi = EntropyPI(target=1.0, kp=0.5, ki=0.02, bounds=(0.0, 1.0), keys=["all"], horizon=4)
+    plain = EntropyPI(target=1.0, kp=0.5, ki=0.02, bounds=(0.0, 1.0), keys=["all"])
     for controller in (pi, plain):
         controller.update({"all": 2.0})  # first measurement: no trend yet; e = -1, output < 0: c = 0, I stays 0
         controller.update({"all": 1.6})  # trend s = 0.5*0 + 0.5*(1.6 - 2.0) = -0.2 nats per step
@@ -96,7 +100,7 @@ def test_pi_controller_with_a_horizon_acts_before_a_fast_fall_crosses_the_target
     pi.update({"all": 2.4})
     assert pi.trend["all"] == pytest.approx(0.3) and pi.coef["all"] == 0.0
     # the trend and the last entropy are in the checkpoint state
-    other = er.EntropyPI(target=1.0, kp=0.5, ki=0.02, bounds=(0.0, 1.0), keys=["all"], horizon=4)
+    other = EntropyPI(target=1.0, kp=0.5, ki=0.02, bounds=(0.0, 1.0), keys=["all"], horizon=4)
     other.load_state_dict(pi.state_dict())
     assert (other.trend, other.last) == (pi.trend, pi.last)
 
@@ -104,12 +108,12 @@ def test_pi_controller_with_a_horizon_acts_before_a_fast_fall_crosses_the_target
 def test_completion_entropy_bonus_and_advantage_shift():
     entropies = torch.tensor([[1.0, 3.0, 9.0], [2.0, 4.0, 6.0]])
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    assert_close(er.completion_entropy(entropies, mask), torch.tensor([2.0, 4.0]))  # (1+3)/2, (2+4+6)/3
+    assert_close(completion_entropy(entropies, mask), torch.tensor([2.0, 4.0]))  # (1+3)/2, (2+4+6)/3
     # (0.1*(1+3) + 0.2*(2+4+6)) / 5 tokens = (0.4 + 2.4) / 5 = 0.56
-    assert_close(er.entropy_bonus(entropies, mask, torch.tensor([0.1, 0.2])), torch.tensor(0.56))
+    assert_close(entropy_bonus(entropies, mask, torch.tensor([0.1, 0.2])), torch.tensor(0.56))
     # A + tau*H: [1 + 0.5*2, -1 + 0.5*4] = [2, 1]; (B, T) advantages get the same shift on every token
-    assert_close(er.entropy_advantages(torch.tensor([1.0, -1.0]), entropies, mask, 0.5), torch.tensor([2.0, 1.0]))
-    shifted = er.entropy_advantages(torch.tensor([[1.0] * 3, [-1.0] * 3]), entropies, mask, 0.5)
+    assert_close(entropy_advantages(torch.tensor([1.0, -1.0]), entropies, mask, 0.5), torch.tensor([2.0, 1.0]))
+    shifted = entropy_advantages(torch.tensor([[1.0] * 3, [-1.0] * 3]), entropies, mask, 0.5)
     assert_close(shifted, torch.tensor([[2.0] * 3, [1.0] * 3]))
 
 
@@ -118,31 +122,31 @@ def test_advantage_shift_leaves_unscored_completions_at_zero():
     mask = torch.tensor([[1, 1], [1, 1], [0, 0]])  # the third completion is masked as truncated: no tokens
     scored = torch.tensor([True, False, True])  # every reward function returned None for the second
     # [0.5 + 0.5*2, TRL's 0 kept, 0.25 + 0.5*0 (no tokens)]: the unscored completion stays exactly 0
-    shifted = er.entropy_advantages(torch.tensor([0.5, 0.0, 0.25]), entropies, mask, 0.5, scored)
+    shifted = entropy_advantages(torch.tensor([0.5, 0.0, 0.25]), entropies, mask, 0.5, scored)
     assert shifted.tolist() == [1.5, 0.0, 0.25]
     # without the mark it would get 0.5*3 = 1.5 and move the policy (issue #13.3)
-    assert er.entropy_advantages(torch.tensor([0.5, 0.0, 0.25]), entropies, mask, 0.5)[1] == 1.5
+    assert entropy_advantages(torch.tensor([0.5, 0.0, 0.25]), entropies, mask, 0.5)[1] == 1.5
 
 
 def test_token_covariance_and_the_two_masks():
     logps = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -1.5, -9.0]])
     advantages = torch.tensor([2.0, -2.0])
-    cov = er.token_covariance(logps, advantages, means=(-1.5, 0.0))
+    cov = token_covariance(logps, advantages, means=(-1.5, 0.0))
     # (logp + 1.5) * A: row 0: 0.5*2, -0.5*2, -1.5*2; row 1: 1*-2, 0*-2, -7.5*-2
     assert_close(cov, torch.tensor([[1.0, -1.0, -3.0], [-2.0, 0.0, 15.0]]))
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     # KL-Cov: top max(int(0.4 * 5), 1) = 2 valid tokens by covariance: 1.0 and 0.0 (15.0 is padding)
-    chosen = er.kl_cov_mask(cov, mask, 0.4)
+    chosen = kl_cov_mask(cov, mask, 0.4)
     assert chosen.tolist() == [[True, False, False], [False, True, False]]
     # Clip-Cov: a random max(int(0.2 * 5), 1) = 1 token among those with lb < cov < ub: only (0, 0) has 1 > 0.5
-    chosen = er.clip_cov_mask(cov, mask.bool(), 5, 0.2, (0.5, 5.0), torch.Generator().manual_seed(0))
+    chosen = clip_cov_mask(cov, mask.bool(), 5, 0.2, (0.5, 5.0), torch.Generator().manual_seed(0))
     assert chosen.tolist() == [[True, False, False], [False, False, False]]
     # with wide bounds, 2 of the 5 valid tokens are drawn, never padding, and the same seed draws the same ones
-    draws = [er.clip_cov_mask(cov, mask.bool(), 5, 0.4, (-100, 100), torch.Generator().manual_seed(1)) for _ in "ab"]
+    draws = [clip_cov_mask(cov, mask.bool(), 5, 0.4, (-100, 100), torch.Generator().manual_seed(1)) for _ in "ab"]
     assert draws[0].equal(draws[1]) and int(draws[0].sum()) == 2 and not (draws[0] & ~mask.bool()).any()
     # the count is over all valid tokens (the reference's): int(0.4 * 5) = 2 of the 4 candidates with cov > -2.5,
     # where counting the candidates would give int(0.4 * 4) = 1
-    few = er.clip_cov_mask(cov, mask.bool() & (cov > -2.5), 5, 0.4, (-100, 100), torch.Generator().manual_seed(2))
+    few = clip_cov_mask(cov, mask.bool() & (cov > -2.5), 5, 0.4, (-100, 100), torch.Generator().manual_seed(2))
     assert int(few.sum()) == 2
 
 
@@ -151,7 +155,7 @@ def test_kl_cov_penalty_value_and_gradient():
     old = torch.tensor([[-1.5, -2.0], [-2.0, -4.0]])
     chosen = torch.tensor([[True, False], [True, False]])
     mask = torch.ones(2, 2)
-    penalty = er.kl_cov_penalty(logps, old, chosen, mask, 2.0)
+    penalty = kl_cov_penalty(logps, old, chosen, mask, 2.0)
     assert_close(penalty, torch.tensor(2.0 * (0.5 + 1.0) / 4))  # beta * (|0.5| + |-1|) / 4 tokens = 0.75
     penalty.backward()
     # d/dlogp of beta*|logp - old|/4 = 0.5*sign: +0.5 at (0, 0), -0.5 at (1, 0), 0 where not chosen
@@ -202,7 +206,8 @@ def test_per_group_controllers_see_only_their_groups_entropy(tmp_path, tiny_mode
     # one completion of each group: the low one's mean entropy is 0.5 nats (below target), the high one's 3.0
     names = trainer.policy_groups.names
     ids = torch.tensor([names.index(low), names.index(high)])
-    trainer._observe_entropy(names, ids, torch.tensor([[0.4, 0.6], [3.0, 3.0]]), torch.ones(2, 2))
+    target = trainer.features["entropy_reg"].modes[0]  # the one mode, `target`
+    target.observe(names, ids, torch.tensor([[0.4, 0.6], [3.0, 3.0]]), torch.ones(2, 2))
     controller = trainer.entropy_reg_state.controller
     assert controller.coef[low] == pytest.approx(0.5 * 0.5 + 0.02 * 0.5)  # default gains, e = 0.5
     assert controller.coef[high] == 0.0  # entropy above target: it is not pushed
@@ -228,14 +233,14 @@ def test_per_group_target_evaluates_with_the_mean_coefficient(tmp_path, tiny_mod
 
 def test_advantage_mode_feeds_trl_the_shifted_advantages(tmp_path, tiny_model_dir, monkeypatch):
     seen = []
-    original = er.entropy_advantages
+    original = entropy_advantages
 
     def spy(advantages, entropies, mask, tau, scored=None):
         shifted = original(advantages, entropies, mask, tau, scored)
-        seen.append((advantages.clone(), er.completion_entropy(entropies.detach(), mask), shifted))
+        seen.append((advantages.clone(), completion_entropy(entropies.detach(), mask), shifted))
         return shifted
 
-    monkeypatch.setattr(er, "entropy_advantages", spy)
+    monkeypatch.setattr(trl_grpo_ext.entropy.bonus, "entropy_advantages", spy)
     args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=1), loss_type="grpo", entropy_reg="advantage",
                       entropy_advantage_coef=0.3)  # fmt: skip
     trainer = GRPOTrainer(tiny_model_dir, length_reward, args, _dataset())
@@ -250,13 +255,13 @@ def test_advantage_mode_feeds_trl_the_shifted_advantages(tmp_path, tiny_model_di
 
 def test_clip_cov_detaches_the_chosen_tokens_and_logs_their_fraction(tmp_path, tiny_model_dir, monkeypatch):
     chosen_masks = []
-    original = er.clip_cov_draw
+    original = clip_cov_draw
 
     def spy(*args, **kwargs):
         chosen_masks.append(original(*args, **kwargs))
         return chosen_masks[-1]
 
-    monkeypatch.setattr(er, "clip_cov_draw", spy)
+    monkeypatch.setattr(trl_grpo_ext.entropy.covariance, "clip_cov_draw", spy)
     args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=2), entropy_reg="clip_cov", clip_cov_lb=-1e9,
                       clip_cov_ub=1e9, clip_cov_ratio=0.1)  # fmt: skip
     trainer = GRPOTrainer(tiny_model_dir, length_reward, args, _dataset())
@@ -384,10 +389,10 @@ class _LossSpy(GRPOTrainer):
     mask and Clip-Cov's/KL-Cov's tokens."""
 
     def hook_get_per_token_logps_and_entropies(self, **kwargs):
+        batch = self._loss_batch  # the copy TRL's loss reads, set while it computes the policy's log-probs
         result = super().hook_get_per_token_logps_and_entropies(**kwargs)
-        batch = self._entropy_batch
-        if batch is not None and kwargs.get("compute_entropy"):
-            chosen = self._entropy_capture[2]
+        if batch is not None and kwargs.get("compute_entropy"):  # after the features: advantages shifted
+            chosen = self.features["entropy_reg"]._capture[2]
             self.seen.append((batch["advantages"].clone(), batch["completion_scored"].clone(),
                               batch["completion_mask"].clone(), chosen))  # fmt: skip
         return result

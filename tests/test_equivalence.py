@@ -17,8 +17,8 @@ from transformers import (
 
 from tests.conftest import length_reward, small_grpo_kwargs
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
-from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows
-from trl_grpo_ext.rewards import gsm8k_format
+from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
+from trl_grpo_ext.gsm8k.rewards import gsm8k_format
 
 # Timing keys differ between any two runs; every other logged value must match exactly.
 TIMING_KEYS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}

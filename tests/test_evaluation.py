@@ -9,8 +9,8 @@ from datasets import Dataset
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import trl_grpo_ext.evaluation as evaluation
-from trl_grpo_ext.evaluation import evaluate_gsm8k, format_table, load_model_for_eval, majority_answer
+import trl_grpo_ext.gsm8k.evaluation as evaluation
+from trl_grpo_ext.gsm8k.evaluation import evaluate_gsm8k, format_table, load_model_for_eval, majority_answer
 
 
 @pytest.mark.parametrize(

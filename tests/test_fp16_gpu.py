@@ -11,7 +11,8 @@ from peft import LoraConfig
 from transformers import BitsAndBytesConfig
 
 from tests.conftest import length_reward, small_grpo_kwargs
-from trl_grpo_ext import GRPOConfig, GRPOTrainer, presets
+from trl_grpo_ext import GRPOConfig, GRPOTrainer
+from trl_grpo_ext.consumer_gpu import presets
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

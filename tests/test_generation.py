@@ -15,8 +15,8 @@ from trl.trainer.grpo_trainer import GRPOTrainer as TRLGRPOTrainer
 from tests.conftest import length_reward, small_grpo_kwargs
 from tests.resume_check import check_resume, launch_phase
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
-from trl_grpo_ext.generation import hooks as generation_hooks
-from trl_grpo_ext.generation.hooks import generation_copy_bytes, padded_prompt_length
+from trl_grpo_ext.generation import feature as generation_hooks
+from trl_grpo_ext.generation.feature import generation_copy_bytes, padded_prompt_length
 from trl_grpo_ext.generation.lora_merge import GenerationCopy, InplaceMerge, lora_linears, merged_weight
 from trl_grpo_ext.generation.static_cache import StaticCacheSizer, prompt_budget
 
@@ -385,7 +385,7 @@ def test_a_plain_trl_config_with_a_bad_value_of_ours_is_refused(tiny_model_dir, 
 
 
 def test_compile_with_lora_dropout_warns_that_completions_differ(tiny_model_dir, tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="trl_grpo_ext.generation.hooks"):
+    with caplog.at_level(logging.WARNING, logger="trl_grpo_ext.generation.feature"):
         GRPOTrainer(
             model=tiny_model_dir,
             reward_funcs=[length_reward],
@@ -408,7 +408,7 @@ def test_a_generation_copy_larger_than_the_free_gpu_memory_is_refused(tiny_model
 
 
 def test_continuous_batching_warns_that_fp32_adapters_become_bf16(tiny_model_dir, tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="trl_grpo_ext.generation.hooks"):
+    with caplog.at_level(logging.WARNING, logger="trl_grpo_ext.generation.feature"):
         _trainer(tiny_model_dir, tmp_path, use_transformers_continuous_batching=True, bf16=True)
     assert "fp32 trainable parameters" in caplog.text and "lora_A" in caplog.text
 

@@ -17,16 +17,10 @@ from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback
 from tests.conftest import length_reward, small_grpo_kwargs
 from tests.resume_check import check_resume, launch_phase
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
-from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows
-from trl_grpo_ext.grad_reg import (
-    AdaptiveKL,
-    ZClip,
-    adaptive_clip_,
-    agc_applies,
-    per_token_kl,
-    unitwise_norm,
-)
-from trl_grpo_ext.grad_reg_hooks import GradRegHooks, NonFiniteGradientError
+from trl_grpo_ext.grad_reg.adaptive_kl import AdaptiveKL, per_token_kl
+from trl_grpo_ext.grad_reg.clipping import ZClip, adaptive_clip_, agc_applies, unitwise_norm
+from trl_grpo_ext.grad_reg.feature import GradReg, NonFiniteGradientError
+from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 from trl_grpo_ext.resume import checkpoint_problem
 
 # --- pure functions -------------------------------------------------------------------------------------------------
@@ -283,7 +277,7 @@ def test_consecutive_nonfinite_steps_save_and_stop(tiny_model_dir, tmp_path):
     trainer._save_checkpoint = lambda model, trial: saves.append(trial)
     trainer.grad_reg_state.consecutive_skips = 1
     with pytest.raises(NonFiniteGradientError):
-        trainer._count_skip(trainer.model, math.nan)
+        trainer.features["grad_reg"]._count_skip(trainer.model, math.nan)
     assert saves == []
 
 
@@ -365,24 +359,13 @@ def test_lora_trains_with_zclip_agc_and_adaptive_kl(tiny_model_dir, tmp_path):
 # --- DeepSpeed ZeRO-1/2 path, with a stand-in for the engine (DeepSpeed is not installed here) ----------------------
 
 
-class _StockTrainer:
-    """What GradRegHooks calls through `super()` under DeepSpeed: DeepSpeed has taken the step; `_clip_grad_norm`
-    (forwarded to `hook_clip_grad_norm` by `trl_contact.TRLContact`) reports the norm it saw."""
+class _DeepSpeedTrainer:
+    """Stands for the trainer under DeepSpeed, calling the `GradReg` feature where `trainer.GRPOTrainer` does:
+    DeepSpeed has taken the step, and transformers' clipping (the `clip` that `GradReg.clip_gradients` gets, TRL's
+    `_clip_grad_norm`) reports the norm it saw."""
 
-    def __init__(self, norms):
-        self.norms = list(norms)
-        self.steps = 0
-
-    def hook_clip_grad_norm(self, model):
-        return self.norms.pop(0)
-
-    def training_step(self, model, *args, **kwargs):
-        self.steps += 1
-
-
-class _DeepSpeedTrainer(GradRegHooks, _StockTrainer):
     def __init__(self, norms, grad_reg):
-        super().__init__(norms)
+        self.norms = list(norms)
         config = GRPOConfig(
             **small_grpo_kwargs("unused", grad_reg=grad_reg, zclip_warmup_steps=2, zclip_z_threshold=2.0)
         )
@@ -391,7 +374,14 @@ class _DeepSpeedTrainer(GradRegHooks, _StockTrainer):
         self.deepspeed = SimpleNamespace(optimizer=SimpleNamespace(clip_grad=1.0))
         self.state = SimpleNamespace(global_step=0)
         self._metrics = defaultdict(lambda: defaultdict(list))
-        self._init_grad_reg()
+        self.feature = GradReg.build(self)
+        self.grad_reg_state = self.feature.state()
+
+    def training_step(self, model):
+        self.feature.training_step(model)
+
+    def hook_clip_grad_norm(self, model):
+        return self.feature.clip_gradients(model, lambda model: self.norms.pop(0))
 
 
 def test_deepspeed_path_sets_the_clip_before_each_step():

@@ -14,24 +14,26 @@ from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.exceptions import ConvergenceWarning
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trl_grpo_ext.grouping import (
-    apply_merge,
-    apply_split,
+from trl_grpo_ext.gsm8k.data import gsm8k_difficulty
+from trl_grpo_ext.policy_groups.assignment import (
     assign_from_callable,
     assign_from_column,
     canonical_labels,
     embedding_features,
-    gsm8k_difficulty,
     kmeans_assign,
     kmeans_groups,
+    prompt_texts,
+    tfidf_features,
+)
+from trl_grpo_ext.policy_groups.regrouping import (
+    apply_merge,
+    apply_split,
     merge_small_groups,
     parents_after_split,
     plan_merge,
     plan_split,
-    prompt_texts,
     refine_groups,
     remap_after_merge,
-    tfidf_features,
 )
 
 

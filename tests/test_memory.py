@@ -7,9 +7,10 @@ import torch
 from transformers import Qwen2Config
 
 from tests.conftest import REPO_ROOT
-from trl_grpo_ext import GRPOConfig, cli, memory, presets, requirements
-from trl_grpo_ext.memory import GIB
-from trl_grpo_ext.presets import MemoryFitWarning
+from trl_grpo_ext import GRPOConfig, cli, requirements
+from trl_grpo_ext.consumer_gpu import memory, presets
+from trl_grpo_ext.consumer_gpu.memory import GIB
+from trl_grpo_ext.consumer_gpu.presets import MemoryFitWarning
 
 PRESETS = sorted((REPO_ROOT / "recipes" / "configs").glob("gsm8k-*.yaml"))
 T4_GIB = 14.75  # what torch reports for a 16 GB T4 (its total_memory, ECC on), as out-of-memory errors on Colab say

@@ -8,7 +8,7 @@ from transformers import BitsAndBytesConfig
 
 from tests.conftest import length_reward, small_grpo_kwargs
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
-from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows
+from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 
 
 def _snapshot(model) -> dict[str, torch.Tensor]:

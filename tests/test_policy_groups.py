@@ -10,9 +10,18 @@ from torch.testing import assert_close
 from tests.conftest import small_grpo_kwargs
 from tests.resume_check import check_resume
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
-from trl_grpo_ext import policy_groups as pg
-from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows
-from trl_grpo_ext.policy_group_state import PolicyGroupState
+from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
+from trl_grpo_ext.policy_groups.advantages import loss_weights, policy_group_advantages
+from trl_grpo_ext.policy_groups.sampling import group_uncertainty, informative_share, sampling_probabilities
+from trl_grpo_ext.policy_groups.state import PolicyGroupState
+from trl_grpo_ext.policy_groups.statistics import ema_update, group_means, progress_z, prompt_statistics
+from trl_grpo_ext.policy_groups.weights import (
+    PROGRESS_Z,
+    deficit_weights,
+    learnability_weights,
+    normalize_weights,
+    progress_weights,
+)
 
 D = torch.float64
 
@@ -20,7 +29,7 @@ D = torch.float64
 def test_prompt_statistics():
     # prompt 0: rewards 1, 0 -> mean 0.5, unbiased std sqrt(0.5); prompt 1: 1, 1 -> mean 1, std 0 (zero std);
     # prompt 2: NaN, 3 -> one valid reward: mean 3, std 0
-    stats = pg.prompt_statistics(torch.tensor([1.0, 0.0, 1.0, 1.0, math.nan, 3.0], dtype=D), num_generations=2)
+    stats = prompt_statistics(torch.tensor([1.0, 0.0, 1.0, 1.0, math.nan, 3.0], dtype=D), num_generations=2)
     assert_close(stats["mean"], torch.tensor([0.5, 1.0, 3.0], dtype=D))
     assert_close(stats["std"], torch.tensor([math.sqrt(0.5), 0.0, 0.0], dtype=D))
     assert stats["zero_std"].tolist() == [False, True, True]
@@ -28,32 +37,32 @@ def test_prompt_statistics():
 
 def test_group_means_and_ema():
     # group 0 gets 1 and 3 -> 2; group 1 gets 5 (the NaN is left out); group 2 gets nothing
-    means, counts = pg.group_means(torch.tensor([1.0, 5.0, 3.0, math.nan], dtype=D), torch.tensor([0, 1, 0, 1]), 3)
+    means, counts = group_means(torch.tensor([1.0, 5.0, 3.0, math.nan], dtype=D), torch.tensor([0, 1, 0, 1]), 3)
     assert_close(means, torch.tensor([2.0, 5.0, 0.0], dtype=D))
     assert counts.tolist() == [2.0, 1.0, 0.0]
     # EMA with decay 0.9: group 0 had 1.0 -> 0.9*1 + 0.1*2 = 1.1; group 1 first value -> 5; group 2 unseen -> 7 stays
     old, has = torch.tensor([1.0, 0.0, 7.0], dtype=D), torch.tensor([True, False, True])
-    assert_close(pg.ema_update(old, means, counts > 0, has, 0.9), torch.tensor([1.1, 5.0, 7.0], dtype=D))
+    assert_close(ema_update(old, means, counts > 0, has, 0.9), torch.tensor([1.1, 5.0, 7.0], dtype=D))
 
 
 def test_progress_weights_by_hand():
     # weights 1,1,1; reward changes 0.3, 0.0, 0.0 -> mean 0.1 -> ΔR = 0.2, -0.1, -0.1; eta 0.5:
     # 1.1, 0.95, 0.95 (sum 3.0, mean 1 already; inside [0.2, 5])
-    w = pg.progress_weights(torch.ones(3, dtype=D), torch.tensor([0.3, 0.0, 0.0], dtype=D), 0.5, 0.2, 5.0,
+    w = progress_weights(torch.ones(3, dtype=D), torch.tensor([0.3, 0.0, 0.0], dtype=D), 0.5, 0.2, 5.0,
                             torch.ones(3, dtype=torch.bool))  # fmt: skip
     assert_close(w, torch.tensor([1.1, 0.95, 0.95], dtype=D))
 
 
 def test_deficit_weights_by_hand():
     # rewards 0.2, 0.8 -> mean 0.5 -> factors 1 + 1*(0.3), 1 + 1*(-0.3) = 1.3, 0.7 (mean 1)
-    w = pg.deficit_weights(torch.ones(2, dtype=D), torch.tensor([0.2, 0.8], dtype=D), 1.0, 0.2, 5.0,
+    w = deficit_weights(torch.ones(2, dtype=D), torch.tensor([0.2, 0.8], dtype=D), 1.0, 0.2, 5.0,
                            torch.ones(2, dtype=torch.bool))  # fmt: skip
     assert_close(w, torch.tensor([1.3, 0.7], dtype=D))
 
 
 def test_normalize_weights_clips_and_keeps_mean_one():
     # 10, 1, 1 with max 2: clip -> 2, 1, 1 -> mean 4/3 -> rescale 1.5, 0.75, 0.75 (inside bounds); group 3 inactive
-    w = pg.normalize_weights(torch.tensor([10.0, 1.0, 1.0, 3.0], dtype=D), 0.5, 2.0,
+    w = normalize_weights(torch.tensor([10.0, 1.0, 1.0, 3.0], dtype=D), 0.5, 2.0,
                              torch.tensor([True, True, True, False]))  # fmt: skip
     assert_close(w, torch.tensor([1.5, 0.75, 0.75, 0.0], dtype=D))
 
@@ -61,35 +70,35 @@ def test_normalize_weights_clips_and_keeps_mean_one():
 def test_sampling_probabilities_with_floor():
     # weights 1,1,1,1 x uncertainty 0.25, 0, 0.25, anything (group 3 has no prompts) -> q = 0.5, 0, 0.5, 0;
     # floor 0.3 over 3 available groups: 0.7 q + 0.1 = 0.45, 0.1, 0.45, 0 (every available group >= 0.3/3)
-    p = pg.sampling_probabilities(torch.ones(4, dtype=D), torch.tensor([0.25, 0.0, 0.25, 9.0], dtype=D), 0.3,
+    p = sampling_probabilities(torch.ones(4, dtype=D), torch.tensor([0.25, 0.0, 0.25, 9.0], dtype=D), 0.3,
                                   torch.tensor([True, True, True, False]))  # fmt: skip
     assert_close(p, torch.tensor([0.45, 0.1, 0.45, 0.0], dtype=D))
     # the floor holds at the default 0.05 too: one group takes all the score, the others get 0.05/4 each
-    p = pg.sampling_probabilities(torch.ones(4, dtype=D), torch.tensor([1.0, 0, 0, 0], dtype=D), 0.05,
+    p = sampling_probabilities(torch.ones(4, dtype=D), torch.tensor([1.0, 0, 0, 0], dtype=D), 0.05,
                                   torch.ones(4, dtype=torch.bool))  # fmt: skip
     assert_close(p, torch.tensor([0.95 + 0.0125, 0.0125, 0.0125, 0.0125], dtype=D))
-    assert_close(pg.group_uncertainty(torch.tensor([0.5, 0.9], dtype=D), None, binary=True),
+    assert_close(group_uncertainty(torch.tensor([0.5, 0.9], dtype=D), None, binary=True),
                  torch.tensor([0.25, 0.09], dtype=D))  # fmt: skip
     # Laplace: success 0 over 8 completions -> (0 + 1) / (8 + 2) = 0.1 -> 0.09; over 98 -> 0.01 -> 0.0099
-    assert_close(pg.group_uncertainty(torch.zeros(2, dtype=D), None, True, torch.tensor([8.0, 98.0], dtype=D)),
+    assert_close(group_uncertainty(torch.zeros(2, dtype=D), None, True, torch.tensor([8.0, 98.0], dtype=D)),
                  torch.tensor([0.09, 0.0099], dtype=D))  # fmt: skip
     # non-binary rewards: the within-prompt std as is
-    assert_close(pg.group_uncertainty(None, torch.tensor([0.3], dtype=D), False), torch.tensor([0.3], dtype=D))
+    assert_close(group_uncertainty(None, torch.tensor([0.3], dtype=D), False), torch.tensor([0.3], dtype=D))
 
 
 def test_policy_group_baseline_by_hand():
     # group 0: rewards 1, 0, 1 -> mean 2/3; group 1: 0, 0 -> mean 0
     rewards, ids = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0]), torch.tensor([0, 0, 0, 1, 1])
-    assert_close(pg.policy_group_advantages(rewards, ids, 2, "none"), torch.tensor([1 / 3, -2 / 3, 1 / 3, 0.0, 0.0]))
+    assert_close(policy_group_advantages(rewards, ids, 2, "none"), torch.tensor([1 / 3, -2 / 3, 1 / 3, 0.0, 0.0]))
     # "group" scaling: group 0 std (unbiased) of 1,0,1 = sqrt(1/3); group 1 std 0 -> divided by 1e-4, still 0
     expected = torch.tensor([1 / 3, -2 / 3, 1 / 3, 0, 0]) / torch.tensor([math.sqrt(1 / 3) + 1e-4] * 3 + [1e-4] * 2)
-    assert_close(pg.policy_group_advantages(rewards, ids, 2, "group"), expected)
+    assert_close(policy_group_advantages(rewards, ids, 2, "group"), expected)
     # "batch": TRL's batch std of the rewards. 0,1,0,1,9,10,9,10: mean 5, squared deviations 164, /7 -> std 4.8403;
     # group means 0.5 and 9.5 -> centred +-0.5 -> +-0.5 / (4.8403 + 1e-4)
     rewards = torch.tensor([0.0, 1, 0, 1, 9, 10, 9, 10])
     std = math.sqrt(164 / 7)
     expected = torch.tensor([-0.5, 0.5, -0.5, 0.5, -0.5, 0.5, -0.5, 0.5]) / (std + 1e-4)
-    assert_close(pg.policy_group_advantages(rewards, torch.tensor([0] * 4 + [1] * 4), 2, "batch"), expected)
+    assert_close(policy_group_advantages(rewards, torch.tensor([0] * 4 + [1] * 4), 2, "batch"), expected)
 
 
 def test_policy_group_baseline_leaves_unscored_completions_at_zero_and_out_of_the_statistics():
@@ -97,18 +106,18 @@ def test_policy_group_baseline_leaves_unscored_completions_at_zero_and_out_of_th
     NaN enters neither its policy group's mean nor its std: the scored ones get what they would get alone."""
     nan = math.nan
     rewards, ids = torch.tensor([1.0, nan, 0.0, 1.0, nan, 0.0]), torch.tensor([0, 0, 0, 0, 1, 1])
-    alone = pg.policy_group_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([0, 0, 0, 1]), 2, "group")
+    alone = policy_group_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([0, 0, 0, 1]), 2, "group")
     for scale in ("none", "group", "batch"):
-        advantages = pg.policy_group_advantages(rewards, ids, 2, scale)
+        advantages = policy_group_advantages(rewards, ids, 2, scale)
         assert advantages[1].item() == 0.0 and advantages[4].item() == 0.0
         assert torch.isfinite(advantages).all()
     # group 0's scored rewards 1, 0, 1: mean 2/3, std sqrt(1/3), as without the NaN; group 1's single 0 -> 0
-    assert_close(pg.policy_group_advantages(rewards, ids, 2, "group")[[0, 2, 3, 5]], alone)
+    assert_close(policy_group_advantages(rewards, ids, 2, "group")[[0, 2, 3, 5]], alone)
 
 
 def test_loss_weights_have_mean_one():
     # weights 2 and 0.5; completions in groups 0, 0, 1, 1 -> 2, 2, .5, .5 -> mean 1.25 -> 1.6, 1.6, 0.4, 0.4
-    w = pg.loss_weights(torch.tensor([2.0, 0.5], dtype=D), torch.tensor([0, 0, 1, 1]))
+    w = loss_weights(torch.tensor([2.0, 0.5], dtype=D), torch.tensor([0, 0, 1, 1]))
     assert_close(w, torch.tensor([1.6, 1.6, 0.4, 0.4], dtype=D))
 
 
@@ -124,18 +133,18 @@ class Args:
 
 def test_learnability_formulas():
     # z = |0.6 - 0.2| / sqrt(0.24 * (0.02 + 1/50)) = 0.4 / sqrt(0.0096) = 4.0825
-    z = pg.progress_z(*(torch.tensor([v], dtype=D) for v in (0.6, 0.2, 0.24, 0.02, 50.0)))
+    z = progress_z(*(torch.tensor([v], dtype=D) for v in (0.6, 0.2, 0.24, 0.02, 50.0)))
     assert_close(z, torch.tensor([0.4 / math.sqrt(0.0096)], dtype=D))
     # deficits 1, .5, 0, .5 (+0.05) -> 1.05, .55, .05, .55; group 1 looks like noise: x0.2 -> .11; mean .44
-    w = pg.learnability_weights(torch.tensor([0.0, 0.5, 1.0, 0.5], dtype=D), torch.tensor([False, True, False, False]),
+    w = learnability_weights(torch.tensor([0.0, 0.5, 1.0, 0.5], dtype=D), torch.tensor([False, True, False, False]),
                                 0.05, 5.0, torch.ones(4, dtype=torch.bool))  # fmt: skip
     assert_close(w, torch.tensor([1.05, 0.11, 0.05, 0.55], dtype=D) / 0.44)
     # all rewards equal: every deficit is 1, weights stay 1
-    w = pg.learnability_weights(torch.full((3,), 0.3, dtype=D), torch.zeros(3, dtype=torch.bool), 0.05, 5.0,
+    w = learnability_weights(torch.full((3,), 0.3, dtype=D), torch.zeros(3, dtype=torch.bool), 0.05, 5.0,
                                 torch.ones(3, dtype=torch.bool))  # fmt: skip
     assert_close(w, torch.ones(3, dtype=D))
     # 6 of 8 prompts with zero std -> f = (0.25*8 + 1) / 10 = 0.3 -> h = 0.3 / 0.35; unseen -> f = 1/2
-    h = pg.informative_share(torch.tensor([0.75, 0.0], dtype=D), torch.tensor([8.0, 0.0], dtype=D))
+    h = informative_share(torch.tensor([0.75, 0.0], dtype=D), torch.tensor([8.0, 0.0], dtype=D))
     assert_close(h, torch.tensor([0.3 / 0.35, 0.5 / 0.55], dtype=D))
 
 
@@ -180,9 +189,9 @@ def test_learnability_tells_a_coin_flip_from_a_learnable_group():
         state.maybe_update_weights(step, LearnabilityArgs())
     assert state.noise_like(LearnabilityArgs()).tolist() == [True, False, False, False]
     z = state._progress_z()
-    assert z[0] < 1 and z[1] > pg.PROGRESS_Z and z[3] < pg.PROGRESS_Z, z
+    assert z[0] < 1 and z[1] > PROGRESS_Z and z[3] < PROGRESS_Z, z
     reward = state.ema["reward"]
-    expected = pg.learnability_weights(reward, torch.tensor([True, False, False, False]), 0.05, 5.0,
+    expected = learnability_weights(reward, torch.tensor([True, False, False, False]), 0.05, 5.0,
                                        torch.ones(4, dtype=torch.bool))  # fmt: skip
     assert_close(state.weights, expected)
     # the coin (reward 0.5, deficit about 0.5) weighs less than the hopeless group's 1.05 / 0.2 times its own
@@ -421,8 +430,8 @@ def test_loss_weights_have_mean_one_over_the_completions_the_loss_uses():
     # (over all four, as before issue #13, the mean 1.5 gave 4/3, 4/3, 2/3, 2/3: the used ones' mean was 8/9)
     weights, ids = torch.tensor([2.0, 1.0], dtype=D), torch.tensor([0, 0, 1, 1])
     used = torch.tensor([True, False, True, True])
-    assert_close(pg.loss_weights(weights, ids, used), torch.tensor([1.5, 1.5, 0.75, 0.75], dtype=D))
-    assert_close(pg.loss_weights(weights, ids), torch.tensor([4 / 3, 4 / 3, 2 / 3, 2 / 3], dtype=D))
+    assert_close(loss_weights(weights, ids, used), torch.tensor([1.5, 1.5, 0.75, 0.75], dtype=D))
+    assert_close(loss_weights(weights, ids), torch.tensor([4 / 3, 4 / 3, 2 / 3, 2 / 3], dtype=D))
 
 
 def test_unscored_completions_keep_advantage_zero_and_counts_stay_counts(tiny_model_dir, tmp_path):
@@ -438,9 +447,10 @@ def test_unscored_completions_keep_advantage_zero_and_counts_stay_counts(tiny_mo
 
     class Spy(GRPOTrainer):
         def hook_get_per_token_logps_and_entropies(self, **kwargs):
+            batch = self._loss_batch  # the copy TRL's loss reads, set while it computes the policy's log-probs
             result = super().hook_get_per_token_logps_and_entropies(**kwargs)
-            if self._entropy_batch is not None and kwargs.get("compute_entropy"):
-                seen.append((self._entropy_batch["advantages"].clone(), self._entropy_batch["completion_scored"]))
+            if batch is not None and kwargs.get("compute_entropy"):  # after the features: advantages shifted
+                seen.append((batch["advantages"].clone(), batch["completion_scored"]))
             return result
 
     rows = to_grpo_rows(synthetic_gsm8k(24, seed=5))
@@ -542,7 +552,7 @@ def test_regroup_merges_groups_with_the_same_statistics(tiny_model_dir, tmp_path
     trainer = _trainer(tiny_model_dir, tmp_path, policy_group_regroup_steps=1, policy_group_merge_tol=0.05)
     state = trainer.policy_groups  # addition, four-step, multiplication, three-step, two-step (sorted)
     _set_observed_statistics(state, [0.1, 0.5, 0.9, 0.52, 0.2], [0.3, 0.4, 0.1, 0.41, 0.3])
-    trainer._maybe_regroup(step=1)
+    trainer.features["policy_groups"].maybe_regroup(step=1)
     # four-step and three-step differ by 0.02 and 0.01 (< 0.05); addition and two-step by 0.1: only one merge
     assert state.names == ["addition", "four-step+three-step", "multiplication", "two-step"]
     assert_close(state.ema["reward"][1], torch.tensor(0.51, dtype=D))  # parents averaged (equal prompts seen)
@@ -552,7 +562,8 @@ def test_regroup_merges_groups_with_the_same_statistics(tiny_model_dir, tmp_path
 def test_drawn_generation_batch_keeps_trls_repeat_contract(tiny_model_dir, tmp_path):
     """Each drawn prompt fills `num_generations` consecutive slots; two processes' slices tile one global draw."""
     trainer = _trainer(tiny_model_dir, tmp_path, policy_group_sampling="weighted")
-    batch = trainer._draw_generation_batch(12)  # 12 completions on this process = 3 prompts x 4 generations
+    # 12 completions on this process = 3 prompts x 4 generations
+    batch = trainer.features["policy_groups"].draw_generation_batch(12)
     rows = [row["policy_group_row"] for row in batch]
     assert all(len(set(rows[i : i + 4])) == 1 for i in range(0, 12, 4))
     # a 2-process run draws 6 prompts at once; rank r takes completions [12r, 12r + 12) of the same draw
@@ -561,27 +572,12 @@ def test_drawn_generation_batch_keeps_trls_repeat_contract(tiny_model_dir, tmp_p
     saved["queues"] = [q.clone() for q in state.queues]
     global_rows = state.draw_rows(6, trainer.args).repeat_interleave(4)
     vars(state).update(saved)
-    trainer.accelerator.state.num_processes = 2  # what _draw_generation_batch reads
+    trainer.accelerator.state.num_processes = 2  # what draw_generation_batch reads
     try:
-        first = [row["policy_group_row"] for row in trainer._draw_generation_batch(12)]
+        first = [row["policy_group_row"] for row in trainer.features["policy_groups"].draw_generation_batch(12)]
     finally:
         trainer.accelerator.state.num_processes = 1
     assert first == global_rows[:12].tolist()
-
-
-def test_config_docstring_and_help_describe_the_same_fields():
-    """TRL's convention: every field is documented in the class docstring and carries help metadata."""
-    import dataclasses
-
-    import trl
-
-    ours = [
-        f for f in dataclasses.fields(GRPOConfig) if f.name not in {g.name for g in dataclasses.fields(trl.GRPOConfig)}
-    ]
-    assert len(ours) == 45
-    for f in ours:
-        assert f"        {f.name} (`" in GRPOConfig.__doc__, f"{f.name} is missing from the docstring"
-        assert f.metadata.get("help"), f"{f.name} has no help text"
 
 
 def test_two_processes_grouped_run_resumes_exactly(tmp_path, tiny_model_dir):
@@ -601,11 +597,11 @@ class _OneOfTwoProcesses:
 
 
 def _apply_as_process_one(trainer, rewards, rows, advantages=None):
-    trainer._policy_group_batch = (rewards, rows)
+    trainer.features["policy_groups"]._batch = (rewards, rows)
     output = {"advantages": torch.zeros(2) if advantages is None else advantages, "completion_mask": torch.ones(2, 3)}
     trainer.accelerator, accelerator = _OneOfTwoProcesses(), trainer.accelerator
     try:
-        trainer._apply_policy_groups(output)
+        trainer.features["policy_groups"].apply_policy_groups(output)
     finally:
         trainer.accelerator = accelerator
     return output
@@ -642,8 +638,8 @@ def test_refine_then_regroup_does_not_merge_the_children_back(tiny_model_dir, tm
                        max_policy_groups=8)  # fmt: skip
     state = trainer.policy_groups
     _set_observed_statistics(state, [0.1, 0.3, 0.5, 0.7, 0.9], [0.1, 0.2, 0.3, 0.4, 0.45])
-    trainer._maybe_regroup(step=2)
-    trainer._maybe_regroup(step=4)
+    trainer.features["policy_groups"].maybe_regroup(step=2)
+    trainer.features["policy_groups"].maybe_regroup(step=4)
     assert state.num_groups == 8 and len(state.events) == 1  # refined; no child merged back before being observed
 
 

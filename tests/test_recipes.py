@@ -11,7 +11,7 @@ from trl import ModelConfig
 
 from tests.conftest import REPO_ROOT
 from trl_grpo_ext import GRPOConfig
-from trl_grpo_ext.data import DatasetFormatError
+from trl_grpo_ext.gsm8k.data import DatasetFormatError
 
 CONFIGS = sorted((REPO_ROOT / "recipes" / "configs").glob("*.yaml"))
 

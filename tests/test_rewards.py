@@ -1,5 +1,5 @@
-r"""Reward table for `trl_grpo_ext.rewards`: literal completions with the expected (lenient accuracy, strict accuracy,
-format) rewards, each run as a plain string and as a conversational completion."""
+r"""Reward table for `trl_grpo_ext.gsm8k.rewards`: literal completions with the expected (lenient accuracy, strict
+accuracy, format) rewards, each run as a plain string and as a conversational completion."""
 
 import json
 import threading
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from trl_grpo_ext.rewards import (
+from trl_grpo_ext.gsm8k.rewards import (
     REWARD_FUNCS,
     answer_is_correct,
     extract_final_answer,

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.conftest import length_reward, small_grpo_kwargs
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
-from trl_grpo_ext.data import synthetic_gsm8k, to_grpo_rows
+from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 
 SPLITS = ((16, 1), (8, 2), (4, 4))  # (per_device_train_batch_size, gradient_accumulation_steps): 16 a step
 # one generation batch used for 2 optimizer steps (num_iterations=2: KL-Cov's penalty and PPO's clip act)
@@ -47,7 +47,8 @@ def _train(trainer_cls, config_cls, model_dir, output_dir, split, **overrides):
     trainer = trainer_cls(model, length_reward, config_cls(**kwargs), dataset, processing_class=tokenizer)
     chosen = {}  # optimizer step -> tokens Clip-Cov / KL-Cov picked in it (this process)
     if isinstance(trainer, GRPOTrainer):
-        terms = trainer._entropy_loss_terms
+        feature = trainer.features["entropy_reg"]
+        terms = feature._loss_terms
 
         def count_chosen(batch, capture):
             if capture[2] is not None and trainer.model.training:
@@ -55,7 +56,7 @@ def _train(trainer_cls, config_cls, model_dir, output_dir, split, **overrides):
                 chosen[step] = chosen.get(step, 0) + int(capture[2].sum())
             return terms(batch, capture)
 
-        trainer._entropy_loss_terms = count_chosen
+        feature._loss_terms = count_chosen
     trainer.train()
     assert trainer.state.global_step == COMMON["max_steps"]
     params = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}

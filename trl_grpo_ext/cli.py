@@ -82,11 +82,12 @@ def _positive(kind):
 
 
 def _memory(argv: list[str]) -> int:
-    from . import memory, presets
+    from .consumer_gpu import memory, presets
 
     parser = argparse.ArgumentParser(
         prog="trl-grpo-ext memory",
-        description="Estimated peak GPU memory of a recipe config, term by term (trl_grpo_ext.memory); no download. "
+        description="Estimated peak GPU memory of a recipe config, term by term (trl_grpo_ext.consumer_gpu.memory); "
+        "no download. "
         "Any other --field value pair overrides the config. Exit code 1 when the peak is above 90%% of --card-gib.",
         epilog=entry_points.DEBUG_HELP,
     )

@@ -1,19 +1,20 @@
 """`GRPOConfig`: TRL's GRPO configuration plus this package's settings, every one of them off by default."""
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 
 from trl.trainer.grpo_config import GRPOConfig as TRLGRPOConfig  # TRL's class, also after register()
 
+from .entropy import modes as entropy_modes
+from .entropy.modes import ENTROPY_REG_MODES
 from .field_checks import Range, check_declarations, check_field
+from .grad_reg import modes as grad_reg_modes
+from .grad_reg.modes import GRAD_REG_MODES
 
 POLICY_GROUP_FEATURES = ("tfidf", "embedding")
 POLICY_GROUP_WEIGHT_RULES = ("learnability", "progress", "deficit")
 POLICY_GROUP_SAMPLING = ("learnability", "uncertainty", "weighted", "uniform")
 ADVANTAGE_BASELINES = ("prompt", "policy_group")
-ENTROPY_REG_MODES = ("target", "clip_cov", "kl_cov", "advantage")
-GRAD_REG_MODES = ("zclip", "agc", "skip_nonfinite")
 GENERATION_LORA_MERGE = ("none", "inplace", "copy")
 
 
@@ -95,7 +96,7 @@ class GRPOConfig(TRLGRPOConfig):
             `learnability`: α_i = (d_i + 0.05)·s_i, d_i group i's reward deficit over the range of group rewards (1
             for the lowest, 0 for the highest), s_i = 0.2 for a group that looks like noise (no learning progress
             since its start, z < 2, while more than half of its prompts still have completions that disagree: a coin
-            flip), else 1; updated every step (`policy_groups` module docstring). `progress`: the design's
+            flip), else 1; updated every step (`policy_groups.weights` module docstring). `progress`: the design's
             α_i ← α_i·(1 + η·ΔR_i), ΔR_i = group i's change in EMA reward over the window minus the mean change over
             groups. `deficit`: α_i ← α_i·(1 + η·(R̄ − R_i)), favouring groups below the mean reward R̄.
         policy_group_eta (`float`, *optional*, defaults to `0.1`):
@@ -136,13 +137,12 @@ class GRPOConfig(TRLGRPOConfig):
         `entropy_reg` names a mode. Entropy is that of the full next-token distribution, in nats.
 
         entropy_reg (`list[str]`, *optional*, defaults to `[]`):
-            Any of `target` (a PI controller holds the mean token entropy at `entropy_target` by setting the
-            entropy-bonus coefficient each optimizer step, within [`entropy_coef_min`, `entropy_coef_max`]),
-            `clip_cov` or `kl_cov` (covariance-based, Cui et al. 2025, arXiv:2505.22617; one of the two),
-            `advantage` (A_i ← A_i + τ·H_i, H_i the completion's mean token entropy, detached). A string may list
-            several, comma-separated. Needs TRL's `entropy_coef=0` and `use_adaptive_entropy=False`; `clip_cov`
-            needs a PPO-clipped `loss_type` with `importance_sampling_level="token"`. The `target` bonus acts on
-            all completion tokens, also when `top_entropy_quantile < 1`.
+            Any of the modes registered in `entropy.modes.ENTROPY_REG_MODES` (a string may list several,
+            comma-separated; of the modes that pick tokens, `clip_cov` and `kl_cov`, one at most):
+            {ENTROPY_REG_MODES}
+            Needs TRL's `entropy_coef=0` and `use_adaptive_entropy=False`; `clip_cov` needs a PPO-clipped
+            `loss_type` with `importance_sampling_level="token"`. The `target` bonus acts on all completion tokens,
+            also when `top_entropy_quantile < 1`.
         entropy_target_per_group (`bool`, *optional*, defaults to `False`):
             With `target` and policy groups: one controller and coefficient per policy group, each holding its own
             group's entropy at `entropy_target`.
@@ -170,9 +170,10 @@ class GRPOConfig(TRLGRPOConfig):
         > Parameters that control adaptive gradient regularization
 
         grad_reg (`list[str]`, *optional*, defaults to `[]`):
-            Any of `zclip` (z-score clipping of the total gradient norm, Kumar et al. 2025, arXiv:2504.02507), `agc`
-            (unit-wise adaptive gradient clipping, Brock et al. 2021, arXiv:2102.06171) and `skip_nonfinite`. Any
-            entry turns on the non-finite guard: an optimizer step whose gradient norm is NaN or Inf is skipped
+            Any of the modes registered in `grad_reg.modes.GRAD_REG_MODES` (a string may list several,
+            comma-separated):
+            {GRAD_REG_MODES}
+            Any entry turns on the non-finite guard: an optimizer step whose gradient norm is NaN or Inf is skipped
             (parameters and optimizer state unchanged; the learning-rate schedule still advances). Applied where the
             Trainer clips gradients; needs `max_grad_norm > 0`, which stays the upper bound.
         zclip_alpha (`float`, *optional*, defaults to `0.97`):
@@ -313,8 +314,7 @@ class GRPOConfig(TRLGRPOConfig):
     entropy_reg: list[str] = field(
         default_factory=list,
         metadata={
-            "help": "Any of target (PI control of the mean token entropy at entropy_target), clip_cov or kl_cov "
-            "(covariance-based, arXiv:2505.22617), advantage (A <- A + tau H). Comma-separated in a string.",
+            "help": "Entropy-regularization modes, comma-separated: " + ENTROPY_REG_MODES.help() + ".",
         },
     )
     entropy_target_per_group: bool = field(
@@ -347,7 +347,7 @@ class GRPOConfig(TRLGRPOConfig):
     grad_reg: list[str] = field(
         default_factory=list,
         metadata={
-            "help": "Any of zclip (arXiv:2504.02507), agc (arXiv:2102.06171), skip_nonfinite; any entry skips "
+            "help": "Gradient-regularization modes, comma-separated: " + GRAD_REG_MODES.help() + ". Any entry skips "
             "optimizer steps whose gradient norm is NaN or Inf. Needs max_grad_norm > 0.",
         },
     )
@@ -447,54 +447,13 @@ class GRPOConfig(TRLGRPOConfig):
             )
 
     def _check_entropy_reg_fields(self) -> None:
-        """Rules between entropy fields and with TRL's (each field of ours alone is checked by its declaration)."""
-        modes = self.entropy_reg
-        if modes and (self.use_adaptive_entropy or self.entropy_coef != 0.0):
-            raise ValueError(
-                f"entropy_reg={modes} sets the entropy bonus itself: it needs TRL's use_adaptive_entropy=False (got "
-                f"{self.use_adaptive_entropy}) and entropy_coef=0.0 (got {self.entropy_coef})"
-            )
-        if {"clip_cov", "kl_cov"} <= set(modes):
-            raise ValueError(f"entropy_reg={modes}: choose one of clip_cov and kl_cov")
-        if "clip_cov" in modes and (
-            self.loss_type in ("cispo", "sapo", "vespo") or self.importance_sampling_level != "token"
-        ):
-            raise ValueError(
-                f"entropy_reg 'clip_cov' leaves alone the tokens PPO's token-level clip acts on: it needs a clipped "
-                f"loss_type (got {self.loss_type!r}) with importance_sampling_level='token' (got "
-                f"{self.importance_sampling_level!r})"
-            )
-        if self.entropy_target_per_group and "target" not in modes:
-            raise ValueError(f"entropy_target_per_group=True needs 'target' in entropy_reg (got {modes})")
-        if "target" in modes:
-            _check_finite(entropy_target=self.entropy_target)
-            if self.entropy_target <= 0:
-                raise ValueError(f"entropy_reg 'target' needs entropy_target > 0 nats, got {self.entropy_target}")
-            if self.entropy_pi_kp + self.entropy_pi_ki == 0:
-                raise ValueError(
-                    f"entropy_pi_kp ({self.entropy_pi_kp}) and entropy_pi_ki ({self.entropy_pi_ki}) cannot both be 0"
-                )
-            if not 0.0 <= self.entropy_coef_min < self.entropy_coef_max:
-                raise ValueError(
-                    f"need 0 <= entropy_coef_min ({self.entropy_coef_min}) < entropy_coef_max "
-                    f"({self.entropy_coef_max})"
-                )
-        if self.clip_cov_lb >= self.clip_cov_ub:
-            raise ValueError(f"need clip_cov_lb ({self.clip_cov_lb}) < clip_cov_ub ({self.clip_cov_ub})")
+        """Rules between entropy fields and with TRL's: those of `entropy.modes` and each registered mode's."""
+        entropy_modes.check_config(self)
 
     def _check_grad_reg_fields(self) -> None:
-        """Rules between gradient-regularization fields and TRL's (each field of ours alone is checked by its
-        declaration)."""
-        if self.grad_reg and not (self.max_grad_norm is not None and self.max_grad_norm > 0):
-            raise ValueError(
-                f"grad_reg={self.grad_reg} works where the Trainer clips gradients: it needs max_grad_norm > 0, got "
-                f"{self.max_grad_norm}"
-            )
-        if self.kl_target is not None and not self.beta > 0:
-            raise ValueError(
-                f"kl_target ({self.kl_target}) adapts beta multiplicatively: it needs beta > 0 at the start, got "
-                f"{self.beta} (TRL computes the reference log-probabilities only when beta != 0)"
-            )
+        """Rules between gradient-regularization fields and with TRL's: those of `grad_reg.modes` and each registered
+        mode's."""
+        grad_reg_modes.check_config(self)
 
     def _check_generation_fields(self) -> None:
         """Rules between fast-generation fields and TRL's (each field of ours alone is checked by its declaration)."""
@@ -582,7 +541,8 @@ FIELD_RANGES = {
     "kl_horizon": Range(1),
     "generation_max_prompt_length": Range(1),
 }
-# The modes each list field takes (one or more, comma-separated on the command line)
+# The modes each list field takes (one or more, comma-separated on the command line): the registries, read when a
+# config is checked, so a mode registered later (a plugin, a test) is accepted
 FIELD_MODES = {"entropy_reg": ENTROPY_REG_MODES, "grad_reg": GRAD_REG_MODES}
 
 
@@ -592,11 +552,8 @@ def own_fields() -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(GRPOConfig) if f.name not in trl_fields]
 
 
-def _check_finite(**values) -> None:
-    """Raises ValueError naming the first field whose value is NaN or infinite (None is allowed)."""
-    for name, value in values.items():
-        if value is not None and not math.isfinite(value):
-            raise ValueError(f"{name} must be a finite number, got {value}")
-
-
 check_declarations(own_fields(), FIELD_RANGES, FIELD_MODES)
+# The docstring lists the modes as registered (`Registry.describe`), so a new mode is documented by its summary.
+GRPOConfig.__doc__ = GRPOConfig.__doc__.replace(
+    "            {ENTROPY_REG_MODES}", ENTROPY_REG_MODES.describe(" " * 12)
+).replace("            {GRAD_REG_MODES}", GRAD_REG_MODES.describe(" " * 12))

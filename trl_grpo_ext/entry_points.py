@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from .data import DatasetFormatError
+from .gsm8k.data import DatasetFormatError
 from .requirements import MissingDependencyError
 
 DEBUG_ENV = "TRL_GRPO_EXT_DEBUG"

@@ -12,7 +12,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from .data import SYSTEM_PROMPT, synthetic_gsm8k
+from .gsm8k.data import SYSTEM_PROMPT, synthetic_gsm8k
 
 # Qwen2.5's chat template, reduced to system/user/assistant turns (no tools), so prompts render as for the real model.
 CHAT_TEMPLATE = (

@@ -1,6 +1,12 @@
-"""`GRPOTrainer`: TRL's GRPO trainer, extended only through the hooks of `trl_contact.TRLContact` (each override
-calls `super()`)."""
+"""`GRPOTrainer`: TRL's GRPO trainer with this package's features composed in one place.
 
+TRL's private methods reach this class only as the public hooks of `trl_contact.TRLContact` (each override here
+calls `super()`, which ends in TRL's method). At each hook the trainer calls the features listed for that point of
+the step in `STEP`, in that order; a feature whose settings are off is not built, and with none built every hook is
+a plain call to TRL's method.
+"""
+
+import contextlib
 import logging
 import math
 import os
@@ -13,10 +19,11 @@ from trl.trainer.utils import get_config_model_id
 
 from .config import GRPOConfig, TRLGRPOConfig, policy_grouping_requested
 from .dataset_checks import check_dataset_columns
-from .entropy_hooks import EntropyRegHooks
-from .generation.hooks import FastGenerationHooks
-from .grad_reg_hooks import GradRegHooks
-from .policy_group_hooks import PolicyGroupHooks, check_policy_group_setup, with_row_column
+from .entropy.feature import EntropyReg
+from .features import Feature, Regroup
+from .generation.feature import FastGenerationFeature
+from .grad_reg.feature import GradReg
+from .policy_groups.feature import PolicyGroups, check_policy_group_setup, with_row_column
 from .resume import (
     EpochSeededSampler,
     RunAlreadyComplete,
@@ -30,8 +37,30 @@ from .trl_contact import GRPOLoopState, TRLContact, output_dir, stop_memory_trac
 
 logger = logging.getLogger(__name__)
 
+# The features, in the order they are built (each `build` returns None when its settings are off).
+FEATURES = (PolicyGroups, EntropyReg, GradReg, FastGenerationFeature)
 
-class GRPOTrainer(FastGenerationHooks, EntropyRegHooks, GradRegHooks, PolicyGroupHooks, TRLContact):
+# Which features act at each point of a training step, in this order (`features` says what each point is). Within a
+# point the order matters where one feature reads what another wrote: the policy groups reweight the advantages
+# before entropy regularization marks the scored completions and shifts the advantages inside the loss; the entropy
+# terms are added to the loss after the policy groups and the adaptive KL have measured it.
+STEP = {
+    "generation_batch": ("policy_groups",),  # prompts drawn per policy group (sampling)
+    "generation": ("fast_generation",),  # static cache, compiled decode step, merged LoRA weights
+    "rewards": ("policy_groups", "entropy_reg"),  # rows and rewards noted; completions some reward scored
+    "advantages": ("policy_groups", "entropy_reg"),  # statistics, weights, regroup, reweighting; scored mask
+    "loss_start": ("entropy_reg", "grad_reg"),  # accumulation window planned (Clip-Cov/KL-Cov tokens); β set
+    "policy_logps": ("policy_groups", "grad_reg", "entropy_reg"),  # entropies, log-probs noted; advantages shifted,
+    # Clip-Cov's tokens detached
+    "loss_end": ("policy_groups", "grad_reg", "entropy_reg"),  # group entropy, KL measured; entropy terms added
+    "training_step": ("grad_reg",),  # DeepSpeed: its clip bound set from ZClip
+    "clip_gradients": ("grad_reg",),  # AGC, non-finite guard, ZClip
+    "regroup": ("entropy_reg",),  # per-group entropy controllers follow the policy groups
+    "checkpoint": ("policy_groups", "entropy_reg", "grad_reg"),  # their state saved and restored
+}
+
+
+class GRPOTrainer(TRLContact):
     """
     Drop-in replacement for [`trl.GRPOTrainer`]: same constructor, same reward function forms, `peft_config`,
     callbacks and loggers.
@@ -53,7 +82,11 @@ class GRPOTrainer(FastGenerationHooks, EntropyRegHooks, GradRegHooks, PolicyGrou
     them to the advantages and to which prompts are generated for. It adds a `policy_group_row` column (the row
     index) to the training dataset, which reward functions receive among their keyword arguments.
 
-    Adaptive gradient regularization (off unless `GRPOConfig.grad_reg` or `kl_target` is set; `grad_reg_hooks`):
+    Entropy regularization (off unless `GRPOConfig.entropy_reg` names a mode; `trl_grpo_ext.entropy`): the modes of
+    `entropy.modes.ENTROPY_REG_MODES` (target control of the mean token entropy, Clip-Cov, KL-Cov, an entropy-shaped
+    advantage), acting inside TRL's loss (`self.entropy_reg_state` holds the `target` controllers).
+
+    Adaptive gradient regularization (off unless `GRPOConfig.grad_reg` or `kl_target` is set; `trl_grpo_ext.grad_reg`):
     ZClip and AGC where the Trainer clips gradients, a guard that skips non-finite steps (`self.grad_reg_state`
     counts them; `NonFiniteGradientError` after `grad_reg_max_skips` in a row), and an adaptive KL coefficient β.
 
@@ -61,12 +94,15 @@ class GRPOTrainer(FastGenerationHooks, EntropyRegHooks, GradRegHooks, PolicyGrou
     `trl_grpo_ext.generation`): a static KV cache with a compiled decode step, and generation from LoRA weights merged
     in place (restored bit for bit) or into a separate generation copy (`self.fast_generation`).
 
+    The features that are on are in `self.features` (name -> `features.Feature`, built in `FEATURES` order); each
+    acts at the points of a step that `STEP` lists for it, called by this class's hooks and nowhere else.
+
     Raises:
         ValueError: policy grouping with an iterable or missing training dataset; a column that a reward function
             or `policy_group_column` reads missing from the training dataset (the message names the column, the
             function and the dataset's columns; raised before the model is loaded); `grad_reg` with `agc` under
             DeepSpeed or FSDP; a fast-generation setting that cannot apply to this model
-            (`FastGenerationHooks._init_fast_generation` says which).
+            (`generation.feature.FastGenerationFeature.build` says which).
 
     `args` may be TRL's `GRPOConfig` or a subclass of it (a script that swapped only the trainer import): the object
     is kept, and this package's settings are added to it at their defaults. With `args=None` the default output
@@ -97,21 +133,114 @@ class GRPOTrainer(FastGenerationHooks, EntropyRegHooks, GradRegHooks, PolicyGrou
         super().__init__(model, reward_funcs, args, train_dataset, *more, **kwargs)
         self.policy_group_fn = policy_group_fn
         self.run_already_complete = False  # set by `train`
-        self.policy_groups = self._build_policy_groups() if grouping else None
-        self._init_entropy_reg()
-        self._init_grad_reg()
-        self._init_fast_generation()
+        self.features: dict[str, Feature] = {}  # the features that are on, by name, in `FEATURES` order
+        for feature_class in FEATURES:
+            feature = feature_class.build(self)
+            if feature is not None:
+                self.features[feature.name] = feature
+        self._loss_batch = None  # the copy of the micro-batch TRL's loss is computing on, while it does
+
+    def _acting(self, point: str) -> list[Feature]:
+        """The features that are on and act at `point` of the step, in `STEP` order."""
+        return [self.features[name] for name in STEP[point] if name in self.features]
+
+    def _announce(self, event: Regroup) -> None:
+        """Deliver a regroup (announced by the policy groups) to the features listed under `regroup`."""
+        for feature in self._acting("regroup"):
+            feature.regroup(event)
+
+    # The features' state, by the names tests, callbacks and notebooks read (None while a feature is off).
+    @property
+    def policy_groups(self):
+        """The run's `PolicyGroupState` (assignment, statistics, weights), or None without policy grouping."""
+        feature = self.features.get("policy_groups")
+        return None if feature is None else feature.groups
+
+    @property
+    def entropy_reg_state(self):
+        """The `EntropyRegState` (the `target` controllers), or None while `entropy_reg` is empty."""
+        feature = self.features.get("entropy_reg")
+        return None if feature is None else feature.state()
+
+    @property
+    def grad_reg_state(self):
+        """The `GradRegState` (ZClip, adaptive KL, skip counts), or None while gradient regularization is off."""
+        feature = self.features.get("grad_reg")
+        return None if feature is None else feature.state()
+
+    @property
+    def fast_generation(self):
+        """The `FastGeneration` (merge and static-cache sizer), or None while every generation setting is off."""
+        feature = self.features.get("fast_generation")
+        return None if feature is None else feature.fast
+
+    # -- the points of a step (`STEP`): each TRL hook calls the features acting there, then or around TRL's method
+
+    def hook_generate_and_score_completions(self, inputs):
+        for feature in self._acting("generation_batch"):
+            inputs = feature.generation_batch(inputs)
+        output = super().hook_generate_and_score_completions(inputs)
+        for feature in self._acting("advantages"):
+            feature.advantages(output)
+        return output
+
+    def hook_generate_single_turn(self, prompt_ids, *args, **kwargs):
+        acting = self._acting("generation")
+        if not acting:
+            return super().hook_generate_single_turn(prompt_ids, *args, **kwargs)
+        with contextlib.ExitStack() as stack:
+            for feature in acting:
+                stack.enter_context(feature.generation(prompt_ids))
+            return super().hook_generate_single_turn(prompt_ids, *args, **kwargs)
+
+    def hook_calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super().hook_calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        for feature in self._acting("rewards"):
+            feature.rewards(inputs, rewards_per_func)
+        return rewards_per_func
+
+    def hook_compute_loss(self, model, inputs):
+        acting = [f for point in ("loss_start", "policy_logps", "loss_end") for f in self._acting(point)]
+        if not acting:
+            return super().hook_compute_loss(model, inputs)
+        batch = dict(inputs)  # TRL buffers `inputs` for `num_iterations` passes: features change this pass's copy
+        for feature in self._acting("loss_start"):
+            feature.loss_start(model, inputs, batch)
+        self._loss_batch = batch
+        try:
+            loss = super().hook_compute_loss(model, batch)
+        finally:
+            self._loss_batch = None
+        for feature in self._acting("loss_end"):
+            loss = feature.loss_end(batch, loss)
+        return loss
+
+    def hook_get_per_token_logps_and_entropies(self, **kwargs):
+        result = super().hook_get_per_token_logps_and_entropies(**kwargs)
+        batch, self._loss_batch = self._loss_batch, None  # TRL's loss computes the policy's first, and only those
+        if batch is None:  # outside TRL's loss (old and reference log-probabilities, a feature's own pass)
+            return result
+        logps, entropies = result[0], result[1]  # (B, T) each; entropies None without compute_entropy
+        for feature in self._acting("policy_logps"):
+            logps = feature.policy_logps(batch, logps, entropies)
+        return (logps, *result[1:])
+
+    def training_step(self, model, *args, **kwargs):
+        for feature in self._acting("training_step"):
+            feature.training_step(model)
+        return super().training_step(model, *args, **kwargs)
+
+    def hook_clip_grad_norm(self, model):
+        clip = super().hook_clip_grad_norm  # transformers' clipping
+        acting = self._acting("clip_gradients")  # at most one: `STEP` lists one feature here
+        return acting[0].clip_gradients(model, clip) if acting else clip(model)
 
     def resumable_state(self) -> dict:
         """Objects with `state_dict()` / `load_state_dict()` saved in every checkpoint and restored on resume, by
-        name. Each feature of this package that keeps state across steps adds its object here."""
+        name: the GRPO loop's, and that of each feature acting at `checkpoint`."""
         state = {"grpo_loop": GRPOLoopState(self)}
-        if self.policy_groups is not None:
-            state["policy_groups"] = self.policy_groups
-        if self.entropy_reg_state is not None:
-            state["entropy_reg"] = self.entropy_reg_state
-        if self.grad_reg_state is not None:
-            state["grad_reg"] = self.grad_reg_state
+        for feature in self._acting("checkpoint"):
+            state[feature.name] = feature.state()
         return state
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *more, **kwargs):

@@ -45,7 +45,7 @@ class TRLCompatibilityError(ImportError):
 
 
 # The keyword arguments of TRL's `_get_per_token_logps_and_entropies` that carry a batch's multimodal fields, passed
-# by name when trl_grpo_ext computes log-probabilities itself (`EntropyRegHooks._window_logps`).
+# by name when trl_grpo_ext computes log-probabilities itself (`entropy.feature.EntropyReg._window_logps`).
 FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
                 "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")  # fmt: skip
 # name -> (owner and the version it was written against, leading parameters (self first), parameters needed by name)

@@ -7,9 +7,9 @@ Every setting is off by default (`GRPOConfig.generation_compile`, `generation_ma
   restored bit for bit (`InplaceMerge`), or a separate generation copy, dequantized for QLoRA (`GenerationCopy`).
 * `checks`: which settings a model (LoRA or not, 4-bit or not) refuses, asked by the trainer, the memory estimate and
   the recipe alike.
-* `hooks`: the trainer wiring (`FastGenerationHooks.hook_generate_single_turn`), the init-time checks that refuse a
-  setting that cannot apply, and those for TRL's continuous batching.
+* `feature`: the trainer wiring (`FastGenerationFeature`, entered around each of TRL's generations), the init-time
+  checks that refuse a setting that cannot apply, and those for TRL's continuous batching.
 
-The memory each setting adds is in `trl_grpo_ext.memory` (`generation_copy`, the static cache); the speed of each is
-measured by `benchmarks/gpu_throughput.py`.
+The memory each setting adds is in `trl_grpo_ext.consumer_gpu.memory` (`generation_copy`, the static cache); the
+speed of each is measured by `benchmarks/gpu_throughput.py`.
 """

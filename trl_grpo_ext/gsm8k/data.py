@@ -14,7 +14,6 @@ from pathlib import Path
 
 from datasets import Dataset
 
-from .grouping import gsm8k_difficulty
 from .rewards import gold_answer_from_solution
 
 logger = logging.getLogger(__name__)
@@ -184,3 +183,25 @@ def synthetic_gsm8k(n: int, seed: int = 0) -> list[dict]:
         result = steps[-1].rsplit("= ", 1)[1]
         rows.append({"question": question, "answer": "\n".join(steps) + f"\n#### {result}", "task": task})
     return rows
+
+
+GSM8K_DIFFICULTY_NAMES = ("1-2 steps", "3 steps", "4 steps", "5+ steps")
+
+
+def gsm8k_difficulty(solution: str) -> str:
+    """Difficulty of a GSM8K problem from its reference solution: the number of calculation steps, in 4 bins.
+
+    Steps = non-empty lines before the first `####` line (Cobbe et al., arXiv:2110.14168: one line per step).
+    On GSM8K train (7,473 rows) steps range 2..9: 2: 1961, 3: 2149, 4: 1659, 5: 955, 6: 419, 7: 227, 8: 90, 9: 13,
+    so the bins "1-2 steps" (1961), "3 steps" (2149), "4 steps" (1659), "5+ steps" (1704) are near even. Solutions
+    with 0 or 1 step lines go to "1-2 steps".
+
+    Raises:
+        ValueError: `solution` has no `####` line.
+    """
+    steps = 0
+    for line in solution.splitlines():
+        if line.startswith("####"):
+            return GSM8K_DIFFICULTY_NAMES[min(max(steps, 2), 5) - 2]
+        steps += bool(line.strip())
+    raise ValueError(f"not a GSM8K solution (no '#### answer' line): {solution[-80:]!r}")

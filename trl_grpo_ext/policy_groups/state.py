@@ -1,10 +1,9 @@
 """`PolicyGroupState`: the policy groups of a run (assignment, statistics, weights, sampler queues), identical on
-every process, saved in every checkpoint. The formulas it applies are in `policy_groups`; grouping rules in
-`grouping`."""
+every process, saved in every checkpoint. The formulas it applies are in `statistics`, `weights` and `sampling`."""
 
 import torch
 
-from . import policy_groups as pg
+from . import sampling, statistics, weights
 
 # Per-group statistics kept as EMAs (K,), all float64: mean reward, mean within-prompt reward std, fraction of
 # prompts whose completions all got the same reward, success rate (= mean reward when rewards are binary), mean
@@ -76,24 +75,26 @@ class PolicyGroupState:
         self.nan_rewards += int(torch.isnan(rewards).sum())
         valid = rewards[~torch.isnan(rewards)]
         self.binary = self.binary and bool(((valid == 0) | (valid == 1)).all())
-        per_prompt = pg.prompt_statistics(rewards, num_generations)
+        per_prompt = statistics.prompt_statistics(rewards, num_generations)
         ids = self.assignment[rows]
         k = self.num_groups
         batch = {
-            "reward": pg.group_means(per_prompt["mean"], ids, k),
-            "reward_std": pg.group_means(torch.where(per_prompt["valid"], per_prompt["std"], torch.nan), ids, k),
-            "zero_std_frac": pg.group_means(
+            "reward": statistics.group_means(per_prompt["mean"], ids, k),
+            "reward_std": statistics.group_means(
+                torch.where(per_prompt["valid"], per_prompt["std"], torch.nan), ids, k
+            ),
+            "zero_std_frac": statistics.group_means(
                 torch.where(per_prompt["valid"], per_prompt["zero_std"].double(), torch.nan), ids, k
             ),  # fmt: skip
-            "length": pg.group_means(lengths.double(), ids.repeat_interleave(num_generations), k),
+            "length": statistics.group_means(lengths.double(), ids.repeat_interleave(num_generations), k),
         }
         batch["success"] = batch["reward"]
         for name, (means, counts) in batch.items():
             self._fold(name, means, counts > 0, decay)
         completion_ids = ids.repeat_interleave(num_generations)
-        means, counts = pg.group_means(rewards, completion_ids, k)
-        squares, _ = pg.group_means(rewards**2, completion_ids, k)
-        k_recent = pg.ema_share(counts, self.has_ema["progress_recent"], progress_halflife)
+        means, counts = statistics.group_means(rewards, completion_ids, k)
+        squares, _ = statistics.group_means(rewards**2, completion_ids, k)
+        k_recent = statistics.ema_share(counts, self.has_ema["progress_recent"], progress_halflife)
         start_count = self.progress_moments[1]
         k_start = torch.where(start_count < progress_halflife, counts / (start_count + counts).clamp(min=1), 0.0)
         for name, values, share in (("progress_start", means, k_start), ("progress_recent", means, k_recent),
@@ -118,7 +119,7 @@ class PolicyGroupState:
         self._fold("entropy", means, counts > 0, decay)
 
     def _fold(self, name: str, means: torch.Tensor, seen: torch.Tensor, decay: float) -> None:
-        self.ema[name] = pg.ema_update(self.ema[name], means, seen, self.has_ema[name], decay)
+        self.ema[name] = statistics.ema_update(self.ema[name], means, seen, self.has_ema[name], decay)
         self.has_ema[name] = self.has_ema[name] | seen
 
     # ----- weights and sampling -------------------------------------------------------------------------------
@@ -134,14 +135,14 @@ class PolicyGroupState:
         if active.sum() >= 2:
             bounds = (args.policy_group_weight_min, args.policy_group_weight_max)
             if learnability:
-                self.weights = pg.learnability_weights(reward, self.noise_like(args), *bounds, active)
+                self.weights = weights.learnability_weights(reward, self.noise_like(args), *bounds, active)
             elif args.policy_group_weight_rule == "progress":
                 change = torch.nan_to_num(reward - self.window_reward, nan=0.0)  # no window yet: no change
-                self.weights = pg.progress_weights(self.weights, change, args.policy_group_eta, *bounds, active)
+                self.weights = weights.progress_weights(self.weights, change, args.policy_group_eta, *bounds, active)
             else:
-                self.weights = pg.deficit_weights(self.weights, reward, args.policy_group_eta, *bounds, active)
+                self.weights = weights.deficit_weights(self.weights, reward, args.policy_group_eta, *bounds, active)
             self.weights = torch.where(active, self.weights, torch.ones_like(self.weights))
-            self.weights = pg.normalize_weights(self.weights, *bounds, self.available)
+            self.weights = weights.normalize_weights(self.weights, *bounds, self.available)
         self.window_reward = torch.where(seen, reward, self.window_reward)
         self.last_update_step = step
         return True
@@ -159,14 +160,14 @@ class PolicyGroupState:
         else:
             floor = torch.full_like(completions, 1e-4)
         variance = torch.maximum(self.ema["progress_second"] - recent**2, floor)
-        return pg.progress_z(recent, self.ema["progress_start"], variance, *self.progress_moments)
+        return statistics.progress_z(recent, self.ema["progress_start"], variance, *self.progress_moments)
 
     def noise_like(self, args) -> torch.Tensor:
         """(K,) bool: groups that look like noise to the `learnability` rule. Warm, no learning progress since their
         start (z < `policy_groups.PROGRESS_Z`), and more than `policy_groups.NOISE_INFORMATIVE` of their prompts
         with completions that disagree (EMA of 1 − zero_std_frac)."""
         informative = 1 - torch.where(self.has_ema["zero_std_frac"], self.ema["zero_std_frac"], 0.0)
-        return self._warm(args) & (self._progress_z() < pg.PROGRESS_Z) & (informative > pg.NOISE_INFORMATIVE)
+        return self._warm(args) & (self._progress_z() < weights.PROGRESS_Z) & (informative > weights.NOISE_INFORMATIVE)
 
     def _warm(self, args) -> torch.Tensor:
         """(K,) groups with enough completions (two half-lives) for their recent reward to be told from their start."""
@@ -178,16 +179,18 @@ class PolicyGroupState:
             # group size × weight × informative share: TRL's prompt-proportional draw, reweighted
             sizes = torch.bincount(self.assignment, minlength=self.num_groups).double()
             zero_std = torch.where(self.has_ema["zero_std_frac"], self.ema["zero_std_frac"], torch.zeros_like(sizes))
-            uncertainty = sizes / sizes.sum() * pg.informative_share(zero_std, self.prompts_seen)
+            uncertainty = sizes / sizes.sum() * sampling.informative_share(zero_std, self.prompts_seen)
         elif args.policy_group_sampling == "uncertainty":
-            uncertainty = pg.group_uncertainty(
+            uncertainty = sampling.group_uncertainty(
                 self.ema["success"], self.ema["reward_std"], self.binary, self.prompts_seen * self.num_generations
             )
             # a group not seen yet is as uncertain as can be
             uncertainty = torch.where(self.has_ema["reward"], uncertainty, torch.full_like(uncertainty, 0.25))
         else:
             uncertainty = torch.ones_like(self.weights)
-        return pg.sampling_probabilities(self.weights, uncertainty, args.policy_group_sampling_floor, self.available)
+        return sampling.sampling_probabilities(
+            self.weights, uncertainty, args.policy_group_sampling_floor, self.available
+        )
 
     def draw_rows(self, num_prompts: int, args) -> torch.Tensor:
         """Dataset rows (num_prompts,) for the next generation batch: groups drawn from `probabilities`, and within a

@@ -1,5 +1,5 @@
-"""Fast generation wired into TRL's `GRPOTrainer`: a mixin of `trl_grpo_ext.GRPOTrainer` whose one override,
-`hook_generate_single_turn` (TRL's `_generate_single_turn`, through `trl_contact`), calls `super()`.
+"""The trainer wiring of fast generation: `FastGenerationFeature`, which the trainer enters around each of TRL's
+generations (the `generation` point of `trainer.STEP`, TRL's `_generate_single_turn` through `trl_contact`).
 
 TRL 1.16 generates each batch in `_generate_single_turn`: it unwraps the policy (`unwrap_model_for_generation`) and
 calls `unwrapped_model.generate(**inputs, generation_config=self.generation_config)`. Around that call, in order:
@@ -32,6 +32,7 @@ import torch
 from accelerate.utils import DistributedType
 
 from ..config import generation_levers
+from ..features import Feature
 from ..trl_contact import compiles_in_one_graph, drop_repeated_input_grad_hooks, metrics
 from .checks import model_setting_problem
 from .lora_merge import GenerationCopy, InplaceMerge, compute_dtype, is_quantized_linear, lora_linears
@@ -124,14 +125,19 @@ def generation_copy_bytes(model: torch.nn.Module) -> int:
     return sum(layer.in_features * layer.out_features for layer in layers) * element
 
 
-class FastGenerationHooks:
-    """TRL hook override for fast generation; a plain call to TRL's method while every `generation_*` setting of
-    `GRPOConfig` is off (`self.fast_generation` is None)."""
+class FastGenerationFeature(Feature):
+    """Fast generation in the trainer (`fast`, a `FastGeneration`): built when `generation_compile` or
+    `generation_lora_merge` is set, once the model is loaded."""
 
-    fast_generation: FastGeneration | None = None
+    name = "fast_generation"
 
-    def _init_fast_generation(self) -> None:
-        """Called at the end of `GRPOTrainer.__init__`, once the model is loaded.
+    def __init__(self, trainer, fast: FastGeneration):
+        super().__init__(trainer)
+        self.fast = fast
+
+    @classmethod
+    def build(cls, trainer) -> "FastGenerationFeature | None":
+        """Check the generation settings against the loaded model; the feature, or None while they are all off.
 
         Raises:
             ValueError: a lever that cannot apply, naming the setting and why: what `checks.model_setting_problem`
@@ -140,20 +146,21 @@ class FastGenerationHooks:
                 GPU memory; compilation on CUDA without Triton; any lever under FSDP or DeepSpeed ZeRO-3 (sharded
                 weights); continuous batching with bitsandbytes weights.
         """
-        args = self.args
-        policy = self.accelerator.unwrap_model(self.model)
+        args = trainer.args
+        policy = trainer.accelerator.unwrap_model(trainer.model)
         quantized = any(is_quantized_linear(m) for m in policy.modules())
         if args.use_transformers_continuous_batching:
             _check_continuous_batching(args, policy, quantized)
         levers = generation_levers(args)
         if not levers:
-            return
-        sharded = self.accelerator.distributed_type == DistributedType.FSDP or (
-            self.accelerator.distributed_type == DistributedType.DEEPSPEED and self.accelerator.state.deepspeed_plugin
-            and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+            return None
+        accelerator = trainer.accelerator
+        sharded = accelerator.distributed_type == DistributedType.FSDP or (
+            accelerator.distributed_type == DistributedType.DEEPSPEED and accelerator.state.deepspeed_plugin
+            and accelerator.state.deepspeed_plugin.zero_stage == 3
         )  # fmt: skip
         if sharded:
-            engine = self.accelerator.distributed_type.value
+            engine = accelerator.distributed_type.value
             raise ValueError(
                 f"{', '.join(levers)}: the weights are sharded over processes ({engine}), so no process holds a "
                 "whole layer to merge or compile; use DDP or ZeRO-1/2"
@@ -206,22 +213,20 @@ class FastGenerationHooks:
             logger.info("generation_lora_merge='copy': %.2f GiB generation copy", needed / GIB)
         sizer = None
         if args.generation_compile:
-            sizer = StaticCacheSizer(self.generation_config, device_type, args.generation_max_prompt_length)
-        self.fast_generation = FastGeneration(merge, sizer)
+            sizer = StaticCacheSizer(trainer.generation_config, device_type, args.generation_max_prompt_length)
+        return cls(trainer, FastGeneration(merge, sizer))
 
-    def hook_generate_single_turn(self, prompt_ids, *args, **kwargs):
-        fast = self.fast_generation
-        if fast is None:
-            return super().hook_generate_single_turn(prompt_ids, *args, **kwargs)
+    @contextmanager
+    def generation(self, prompt_ids: list[list[int]]):
+        trainer, fast = self.trainer, self.fast
         if fast.sizer is not None:
-            fast.sizer.fit(padded_prompt_length(prompt_ids, self.args.pad_to_multiple_of))
-        policy = self.accelerator.unwrap_model(self.model_wrapped)
+            fast.sizer.fit(padded_prompt_length(prompt_ids, trainer.args.pad_to_multiple_of))
+        policy = trainer.accelerator.unwrap_model(trainer.model_wrapped)
         drop_repeated_input_grad_hooks(policy)
-        with fast.generating(policy, self.state.global_step) as timing:
-            output = super().hook_generate_single_turn(prompt_ids, *args, **kwargs)
-        if fast.merge is not None and self.model.training:
-            metrics(self, "train")["fast_generation/merge_time"].append(timing["merge_time"])
-        return output
+        with fast.generating(policy, trainer.state.global_step) as timing:
+            yield
+        if fast.merge is not None and trainer.model.training:
+            metrics(trainer, "train")["fast_generation/merge_time"].append(timing["merge_time"])
 
 
 def _check_continuous_batching(args, policy: torch.nn.Module, quantized: bool) -> None:

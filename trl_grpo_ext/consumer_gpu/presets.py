@@ -1,11 +1,11 @@
-"""What the memory estimate (`trl_grpo_ext.memory`) needs from a recipe, and what a recipe does with its answer.
+"""What the memory estimate (`consumer_gpu.memory`) needs from a recipe, and what a recipe does with its answer.
 
     training_args, model_args = load_config("recipes/configs/gsm8k-8gb.yaml")
     estimate_for(architecture_config(model_args.model_name_or_path), training_args, model_args)
 
 * `architecture_config`: a model's `PretrainedConfig` without a download, for the Qwen2.5 models the presets use
-  (their real `config.json` values, shipped in this package as `trl_grpo_ext/model_configs/*.json`), a local model
-  folder or a `config.json`-style file.
+  (their real `config.json` values, shipped in this package as `trl_grpo_ext/consumer_gpu/model_configs/*.json`), a
+  local model folder or a `config.json`-style file.
 * `load_config`: the (GRPOConfig, ModelConfig) of a recipe YAML, as `TrlParser` reads it.
 * `warn_if_too_big`: the `MemoryFitWarning` a recipe gives on a GPU before it loads a model whose run is estimated
   above 90% of the card (`fit_warning` words it; `cuda_card_gib` gives the card's size).
@@ -34,7 +34,7 @@ class MemoryFitWarning(UserWarning):
 
 def architecture_config(name_or_path: str):
     """A model's `PretrainedConfig` without a download: one of `MODEL_CONFIG_FILES` (the real `config.json` values,
-    kept in `trl_grpo_ext/model_configs/`), a `config.json`-style file, or a local model folder.
+    kept in `trl_grpo_ext/consumer_gpu/model_configs/`), a `config.json`-style file, or a local model folder.
 
     Raises:
         ValueError: anything else, naming the models known offline.
@@ -118,7 +118,7 @@ def load_config(path, *overrides: str, use_cpu: bool = True):
     """
     from trl import ModelConfig, TrlParser
 
-    from .config import GRPOConfig
+    from ..config import GRPOConfig
 
     argv = ["--config", str(path), "--use_cpu", str(use_cpu).lower(), *overrides]
     return TrlParser((GRPOConfig, ModelConfig)).parse_args_and_config(argv, fail_with_unknown_args=False)

@@ -27,6 +27,8 @@ import sympy
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 
+from ..messages import message_text
+
 # Only the last `_MAX_PARSE_CHARS` characters of a completion are searched for an answer, and a `\boxed{` group
 # must close within that many characters: keeps a reward call on a 1 MB completion in the milliseconds.
 _MAX_PARSE_CHARS = 4096
@@ -120,28 +122,6 @@ def _timeouts() -> tuple[int | None, int | None]:
     logging.getLogger("math_verify.parser").setLevel(logging.ERROR)
     logging.getLogger("math_verify.grader").setLevel(logging.ERROR)
     return None, None
-
-
-def completion_text(completion: object) -> str:
-    """The text of one completion, or "" when there is none.
-
-    Args:
-        completion: a plain string, or a conversational completion: a list of messages (dicts) of which the last
-            one's ``"content"`` is used (a string, or a list of ``{"type": "text", "text": ...}`` parts), or a
-            single message dict. Anything else (None, bytes, a message without ``"content"``) gives "".
-
-    Returns:
-        The completion text; never raises.
-    """
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion:
-        completion = completion[-1]
-    content = completion.get("content") if isinstance(completion, dict) else None
-    if isinstance(content, list):
-        parts = [part.get("text") for part in content if isinstance(part, dict)]
-        content = "".join(part for part in parts if isinstance(part, str))
-    return content if isinstance(content, str) else ""
 
 
 def _closing_brace(text: str, open_index: int) -> int | None:
@@ -356,7 +336,7 @@ def _accuracy(completions: list, answer: list[str], strict: bool) -> list[float]
     if len(completions) != len(answer):
         raise ValueError(f"completions ({len(completions)}) and answer ({len(answer)}) must have the same length")
     return [
-        float(answer_is_correct(extract_final_answer(completion_text(c), strict=strict), gold))
+        float(answer_is_correct(extract_final_answer(message_text(c), strict=strict), gold))
         for c, gold in zip(completions, answer, strict=True)
     ]
 
@@ -422,7 +402,7 @@ def gsm8k_format(completions: list, **kwargs) -> list[float]:
     Returns:
         B*G rewards in {0.0, 1.0}; 0.0 for any malformed completion. Never raises.
     """
-    return [float(_has_format(completion_text(c))) for c in completions]
+    return [float(_has_format(message_text(c))) for c in completions]
 
 
 REWARD_FUNCS: dict[str, Callable[..., list[float]]] = {

@@ -3,7 +3,7 @@
     trl-grpo-ext memory --config recipes/configs/gsm8k-8gb.yaml --card-gib 8   # the breakdown as a table
 
 The formulas only; the model architectures known offline, reading a recipe YAML and the warning a recipe gives when a
-run will not fit are in `trl_grpo_ext.presets`.
+run will not fit are in `trl_grpo_ext.consumer_gpu.presets`.
 
 `estimate()` adds up the terms below, in bytes, for one process. Notation: L layers, h hidden size, I intermediate
 size, a attention heads, k key-value heads, d head dim, V vocabulary, P prompt and C completion tokens, s = P + C, b =
@@ -60,8 +60,8 @@ is freed before the backward, and gradients are freed (`zero_grad(set_to_none=Tr
 import math
 from dataclasses import dataclass, fields
 
-from .generation.checks import model_setting_problem
-from .generation.static_cache import prompt_budget
+from ..generation.checks import model_setting_problem
+from ..generation.static_cache import prompt_budget
 
 GIB = 2**30
 OVERHEAD_GIB = 1.0

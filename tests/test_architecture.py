@@ -1,0 +1,200 @@
+"""Issue #16: the package's shape. The trainer composes its features in one visible place (`trainer.STEP`), modes
+are entries of registries (adding one touches no other code), task support and the consumer-GPU estimator stay out
+of the trainer core, and the config documents exactly the fields it has."""
+
+import ast
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import trl
+from datasets import Dataset
+
+import trl_grpo_ext
+from tests.conftest import length_reward, small_grpo_kwargs
+from trl_grpo_ext import GRPOConfig, GRPOTrainer
+from trl_grpo_ext.entropy import bonus
+from trl_grpo_ext.entropy.modes import ENTROPY_REG_MODES, EntropyMode
+from trl_grpo_ext.features import POINTS, Feature, Regroup
+from trl_grpo_ext.grad_reg.modes import GRAD_REG_MODES, GradRegMode
+from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
+from trl_grpo_ext.registry import Registry
+from trl_grpo_ext.trainer import FEATURES, STEP
+
+PACKAGE = Path(trl_grpo_ext.__file__).parent
+# the `Feature` method each point of `STEP` calls (the point's name, but for the checkpoint's `state`)
+METHOD = {point: "state" if point == "checkpoint" else point for point in POINTS}
+
+
+def test_step_lists_every_point_in_order_and_only_known_features():
+    assert tuple(STEP) == POINTS
+    names = [feature.name for feature in FEATURES]
+    assert len(set(names)) == len(names)
+    for point, acting in STEP.items():
+        assert set(acting) <= set(names), f"STEP[{point!r}] names an unknown feature"
+        assert len(set(acting)) == len(acting)
+    assert len(STEP["clip_gradients"]) <= 1  # the trainer hands transformers' clipping to one feature
+
+
+@pytest.mark.parametrize("feature", FEATURES, ids=[f.name for f in FEATURES])
+def test_each_feature_overrides_exactly_the_points_step_lists_for_it(feature):
+    """`STEP` is the whole truth of what runs when: a feature method for a point it is not listed at would never be
+    called, and a listed point it does not override would be a no-op in the table."""
+    overridden = {point for point in POINTS if getattr(feature, METHOD[point]) is not getattr(Feature, METHOD[point])}
+    listed = {point for point, acting in STEP.items() if feature.name in acting}
+    assert overridden == listed
+
+
+def test_features_talk_through_announced_events_not_the_mro():
+    """No feature is a base class of the trainer (no `super()` chains between features), and no feature module
+    imports another feature's module: a regroup reaches entropy regularization only as an announced `Regroup`."""
+    assert not any(issubclass(GRPOTrainer, feature) for feature in FEATURES)
+    folders = {"policy_groups", "entropy", "grad_reg", "generation"}
+    for folder in folders:
+        for path in (PACKAGE / folder).glob("*.py"):
+            imported = _imports(path)
+            others = {other for other in folders - {folder}
+                      if any(name.startswith(f"trl_grpo_ext.{other}") for name in imported)}  # fmt: skip
+            assert not others, f"{path.relative_to(PACKAGE)} imports {others}"
+
+
+def test_a_regroup_event_names_each_new_groups_parents():
+    # rows 0-3 were in 'a', 4-5 in 'b'; 'a' is split into 'a/lo' (rows 0, 1) and 'a/hi' (rows 2, 3), and 'b' is kept
+    event = Regroup(("a", "b"), torch.tensor([0, 0, 0, 0, 1, 1]), ("a/lo", "b", "a/hi"),
+                    torch.tensor([0, 0, 2, 2, 1, 1]), "split")  # fmt: skip
+    assert event.parents() == {"a/lo": {"a": 2.0}, "b": {"b": 2.0}, "a/hi": {"a": 2.0}}
+
+
+def test_task_support_and_the_estimator_stay_out_of_the_trainer_core():
+    """The trainer, its config and features import nothing of `gsm8k` or `consumer_gpu`."""
+    names = ("trainer.py", "config.py", "features.py", "registry.py", "trl_contact.py", "resume.py", "field_checks.py",
+             "dataset_checks.py", "messages.py")  # fmt: skip
+    core = [PACKAGE / name for name in names]
+    core += [path for folder in ("policy_groups", "entropy", "grad_reg", "generation")
+             for path in (PACKAGE / folder).glob("*.py")]  # fmt: skip
+    for path in core:
+        bad = [name for name in _imports(path) if "gsm8k" in name or "consumer_gpu" in name]
+        assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
+
+
+def test_every_package_folder_says_what_lives_there():
+    for init in PACKAGE.glob("*/__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc, f"{init.relative_to(PACKAGE)} has no docstring"
+        for module in init.parent.glob("*.py"):
+            if module.name != "__init__.py":
+                assert f"`{module.stem}`" in doc, f"{init.relative_to(PACKAGE)} does not mention {module.stem}"
+
+
+# --- registries ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fixed_bonus():
+    """A trivial entropy mode, registered for one test: a fixed bonus of 0.01 nats-weighted entropy, −0.01·H̄."""
+
+    @ENTROPY_REG_MODES.register("fixed_bonus")
+    class FixedBonus(EntropyMode):
+        summary = "a fixed entropy bonus, -0.01 times the mean token entropy (a test)"
+
+        def loss_term(self, terms):
+            ones = torch.ones(len(terms.entropies), dtype=terms.entropies.dtype)
+            return -bonus.entropy_bonus(terms.entropies, terms.mask, 0.01 * ones)
+
+    yield FixedBonus
+    ENTROPY_REG_MODES.unregister("fixed_bonus")
+
+
+def test_a_new_entropy_mode_is_one_registered_class(tmp_path, tiny_model_dir, fixed_bonus):
+    """Adding a mode touches no file of the package: the config accepts its name, the trainer builds it and adds its
+    term to TRL's loss. One step on one micro-batch, same seed, with and without it: the logged losses differ by
+    exactly the term, −0.01 times the step's mean token entropy (TRL's `entropy` metric over the same tokens)."""
+    dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(16, seed=0)))
+    losses = {}
+    for modes in ([], ["fixed_bonus"]):
+        args = GRPOConfig(**small_grpo_kwargs(tmp_path / str(len(modes)), max_steps=1), entropy_reg=modes)
+        trainer = GRPOTrainer(tiny_model_dir, length_reward, args, dataset)
+        trainer.train()
+        (row,) = [row for row in trainer.state.log_history if "loss" in row]
+        losses[tuple(modes)] = (row["loss"], row["entropy"])
+    assert [type(mode) for mode in trainer.features["entropy_reg"].modes] == [fixed_bonus]
+    (plain, entropy), (with_bonus, same_entropy) = losses[()], losses[("fixed_bonus",)]
+    assert same_entropy == pytest.approx(entropy, rel=1e-6)
+    assert with_bonus - plain == pytest.approx(-0.01 * entropy, rel=1e-4, abs=1e-7)
+
+
+def test_the_config_takes_validates_and_documents_modes_from_the_registries(tmp_path, fixed_bonus):
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path), entropy_reg="fixed_bonus,target")
+    assert args.entropy_reg == ["fixed_bonus", "target"]
+    with pytest.raises(ValueError, match=r"entropy_reg entries must be among \[.*'fixed_bonus'.*\], got 'nope'"):
+        GRPOConfig(**small_grpo_kwargs(tmp_path), entropy_reg="nope")
+    for registry, field in ((ENTROPY_REG_MODES, "entropy_reg"), (GRAD_REG_MODES, "grad_reg")):
+        help_text = next(f for f in dataclasses.fields(GRPOConfig) if f.name == field).metadata["help"]
+        for name, mode in registry.items():
+            if mode is not fixed_bonus:  # registered after the config class was built
+                assert f"{name} ({mode.summary})" in help_text
+                assert f"- `{name}`: {mode.summary.split()[0]}" in GRPOConfig.__doc__
+
+
+def test_a_registry_refuses_a_name_twice_or_one_yaml_cannot_hold():
+    registry = Registry("some_field")
+
+    @registry.register("first")
+    class First(GradRegMode):
+        summary = "a test"
+
+    assert registry["first"] is First and First.name == "first"
+    with pytest.raises(ValueError, match="some_field mode 'first' is already registered"):
+        registry.register("first")(type("Again", (GradRegMode,), {}))
+    with pytest.raises(ValueError, match="lowercase identifiers, got 'Two words'"):
+        registry.register("Two words")(type("Bad", (GradRegMode,), {}))
+    registry.unregister("first")
+    assert "first" not in registry
+
+
+def test_every_registered_mode_has_a_summary_with_its_source_where_it_has_one():
+    for registry in (ENTROPY_REG_MODES, GRAD_REG_MODES):
+        for name, mode in registry.items():
+            assert mode.name == name and mode.summary, name
+    for name in ("clip_cov", "kl_cov"):
+        assert "arXiv:2505.22617" in ENTROPY_REG_MODES[name].summary
+    assert "arXiv:2504.02507" in GRAD_REG_MODES["zclip"].summary
+    assert "arXiv:2102.06171" in GRAD_REG_MODES["agc"].summary
+
+
+# --- the config's fields ------------------------------------------------------------------------------------------
+
+
+def test_config_docstring_and_help_describe_the_same_fields():
+    """TRL's convention: every field this package adds is documented under its feature's `> Parameters that
+    control ...` header of the class docstring and carries help metadata; the docstring documents no other field."""
+    ours = [
+        f for f in dataclasses.fields(GRPOConfig) if f.name not in {g.name for g in dataclasses.fields(trl.GRPOConfig)}
+    ]
+    assert ours
+    doc = GRPOConfig.__doc__
+    documented = re.findall(r"^        (\w+) \(`[^`]+`, \*optional\*", doc, flags=re.MULTILINE)
+    assert documented == [f.name for f in ours]  # in declaration order, each once
+    sections = doc.split("> Parameters that control ")[1:]
+    for f in ours:
+        assert f.metadata.get("help"), f"{f.name} has no help text"
+        assert sum(f"        {f.name} (`" in section for section in sections) == 1, f.name
+
+
+def _imports(path: Path) -> list[str]:
+    """The absolute names of the modules `path` (a module of the package) imports, and of the names it imports from
+    them (`from . import covariance` in `entropy/feature.py` gives `trl_grpo_ext.entropy.covariance`)."""
+    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])  # e.g. trl_grpo_ext.entropy
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            names += [base] + [f"{base}.{alias.name}" for alias in node.names]
+    return names

@@ -1,0 +1,95 @@
+"""`EntropyPI`: the PI controllers of the `target` mode, one per key (all completions, or each policy group)."""
+
+import math
+
+
+class EntropyPI:
+    """PI controllers holding mean token entropy at a target by setting the entropy-bonus coefficient, one per key,
+    with a proportional term that anticipates a fall.
+
+    For each key every optimizer step, with H the measured entropy (nats) and e = target − H (positive when entropy is
+    too low):
+        s ← β·s + (1 − β)·(H − H_prev)      the entropy's trend, nats per step (exponentially filtered difference)
+        Ĥ = H + τ·min(s, 0)                  where the entropy is heading over `horizon` τ steps, if it is falling
+        I ← clip(I + e, c_min/k_i, c_max/k_i)  only while the output is not saturated in the direction of e
+                                             (anti-windup by clamping); k_i·I stays within the coefficient's range,
+                                             so a spell above the target leaves no negative integral to unwind
+        c = clip(k_p·(target − Ĥ) + k_i·I, c_min, c_max)
+    The PI law and clamping anti-windup are the textbook ones (Åström & Murray, *Feedback Systems*, 2nd ed., ch. 11,
+    PID control and integrator windup); acting on the predicted error Ĥ adds a filtered derivative term, k_p·τ·s
+    with s the filtered per-step change (ch. 11, "filtering the derivative"), applied to falls only: a bonus starts
+    before the entropy crosses the target when it falls fast, while a rising entropy above the target gets none and a
+    slow drift little (step-to-step measurement noise in s can still give a small bonus above the target).
+    `horizon=0` is the plain PI controller. The bonus −c·H enters the loss (TRL's objective L = L_policy − c·H), so
+    a larger c raises entropy. A key with no measurement in a step keeps its state. When policy groups change,
+    `regroup` gives each new group the state of the groups its prompts came from.
+    """
+
+    SMOOTHING = 0.5  # β of the trend filter
+
+    def __init__(
+        self, target: float, kp: float, ki: float, bounds: tuple[float, float], keys: list[str], horizon: float = 0.0
+    ):
+        self.target, self.kp, self.ki, self.bounds, self.horizon = target, kp, ki, bounds, horizon
+        self.coef = {key: bounds[0] for key in keys}
+        self.integral = {key: 0.0 for key in keys}
+        self.last = {key: None for key in keys}  # the last measured entropy
+        self.trend = {key: 0.0 for key in keys}
+
+    def coefficient(self, key: str) -> float:
+        """The coefficient of `key`; a key never seen starts at `c_min` with no integral and no trend."""
+        if key not in self.coef:
+            self.coef[key], self.integral[key], self.last[key], self.trend[key] = self.bounds[0], 0.0, None, 0.0
+        return self.coef[key]
+
+    def mean_coefficient(self) -> float:
+        """The mean coefficient over the keys (used for completions of no policy group, e.g. evaluation)."""
+        return sum(self.coef.values()) / len(self.coef) if self.coef else self.bounds[0]
+
+    def update(self, measured: dict[str, float]) -> None:
+        """Fold in one optimizer step's mean token entropy per key (nats); NaN or missing keys are skipped."""
+        low, high = self.bounds
+        for key, entropy in measured.items():
+            if math.isnan(entropy):
+                continue
+            self.coefficient(key)
+            if self.last[key] is not None:
+                self.trend[key] = self.SMOOTHING * self.trend[key] + (1 - self.SMOOTHING) * (entropy - self.last[key])
+            self.last[key] = entropy
+            error = self.target - entropy
+            anticipated = self.target - (entropy + self.horizon * min(self.trend[key], 0.0))
+            integral = self.integral[key] + error
+            if self.ki > 0:  # the integral term stays within the coefficient's range: k_i·I in [c_min, c_max]
+                integral = min(max(integral, low / self.ki), high / self.ki)
+            output = self.kp * anticipated + self.ki * integral
+            if (output > high and error > 0) or (output < low and error < 0):
+                integral = self.integral[key]  # saturated and the error pushes further out: do not integrate
+                output = self.kp * anticipated + self.ki * integral
+            self.integral[key] = integral
+            self.coef[key] = min(max(output, low), high)
+
+    def regroup(self, parents: dict[str, dict[str, float]]) -> None:
+        """Replace the keys by those of `parents` (new key -> {old key: weight, e.g. prompts it took}): each new key
+        gets the weighted mean coefficient, integral, trend and last entropy of its old keys; old keys not listed are
+        dropped."""
+        state = {"coef": {}, "integral": {}, "trend": {}, "last": {}}
+        for key, weights in parents.items():
+            known = {old: w for old, w in weights.items() if old in self.coef and w > 0}
+            total = sum(known.values())
+            state["coef"][key] = sum(self.coef[o] * w for o, w in known.items()) / total if total else self.bounds[0]
+            for name in ("integral", "trend"):
+                values = getattr(self, name)
+                state[name][key] = sum(values[o] * w for o, w in known.items()) / total if total else 0.0
+            lasts = {o: w for o, w in known.items() if self.last[o] is not None}
+            weight = sum(lasts.values())
+            state["last"][key] = sum(self.last[o] * w for o, w in lasts.items()) / weight if weight else None
+        self.coef, self.integral, self.trend, self.last = (state[n] for n in ("coef", "integral", "trend", "last"))
+
+    def state_dict(self) -> dict:
+        """Plain floats (or None) by key, for checkpoints."""
+        return {"coef": dict(self.coef), "integral": dict(self.integral), "trend": dict(self.trend),
+                "last": dict(self.last)}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        self.coef, self.integral = dict(state["coef"]), dict(state["integral"])
+        self.trend, self.last = dict(state["trend"]), dict(state["last"])

@@ -1,0 +1,123 @@
+"""The points of a GRPO training step where this package's features act, and the events they exchange.
+
+A feature (policy groups, entropy regularization, gradient regularization, fast generation) is an object that the
+trainer builds when the feature's settings are on; it holds the trainer it works for (`self.trainer`). It overrides
+the methods of `Feature` for the points where it acts. `trainer.STEP` lists, point by point, which features act and
+in which order; the trainer calls them there and nowhere else, so `trainer.py` alone tells what runs when.
+
+Points, in the order of a step (B completions on this process, N over all processes, F reward functions, T completion
+tokens; TRL generates a generation batch once every `steps_per_generation` micro-steps):
+
+    generation_batch   which prompts the generation batch holds (before generation)
+    generation         around each of TRL's `model.generate` calls
+    rewards            the reward functions' scores of the generation batch, gathered over all processes
+    advantages         TRL's output for the generation batch: advantages (B,), masks, log-probabilities
+    loss_start         before TRL's loss on a micro-batch (training and evaluation)
+    policy_logps       the policy's per-token log-probabilities and entropies, inside TRL's loss
+    loss_end           after TRL's loss: terms added to it
+    training_step      before transformers' forward-backward of a micro-step
+    clip_gradients     where transformers clips the gradients, once per optimizer step, before `optimizer.step()`
+    regroup            event: policy groups changed (merge, split, refinement), announced by the policy groups
+    checkpoint         the state saved in every checkpoint and restored on resume (`state()`)
+"""
+
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+POINTS = ("generation_batch", "generation", "rewards", "advantages", "loss_start", "policy_logps", "loss_end",
+          "training_step", "clip_gradients", "regroup", "checkpoint")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Regroup:
+    """Policy groups changed: group ids before and after, for every training-dataset row.
+
+    Attributes:
+        old_names: the K group names before (index = group id).
+        old_assignment: (num_rows,) int64 group id of each row before.
+        names: the K' group names after.
+        assignment: (num_rows,) int64 group id of each row after.
+        reason: what happened, e.g. "step 20: merged 'a' and 'b' (...)".
+    """
+
+    old_names: tuple[str, ...]
+    old_assignment: torch.Tensor
+    names: tuple[str, ...]
+    assignment: torch.Tensor
+    reason: str
+
+    def parents(self) -> dict[str, dict[str, float]]:
+        """New group name -> {old group name: rows it took from that group}, for every new group."""
+        old = np.asarray(self.old_assignment)
+        new = np.asarray(self.assignment)
+        parents = {}
+        for group, name in enumerate(self.names):
+            ids, counts = np.unique(old[new == group], return_counts=True)
+            parents[name] = {self.old_names[i]: float(c) for i, c in zip(ids.tolist(), counts.tolist(), strict=True)}
+        return parents
+
+
+class Feature:
+    """One feature of the trainer. Each method is a point of the step (module docstring); the defaults do nothing,
+    and `trainer.STEP` names the points each feature overrides (a test keeps the two in sync)."""
+
+    name: str  # its key in `trainer.features`, `trainer.STEP` and checkpoints
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    @classmethod
+    def build(cls, trainer) -> "Feature | None":
+        """The feature for `trainer` (its model loaded, its `args` checked), or None when its settings are off.
+
+        Raises:
+            ValueError: a setting that cannot apply to this model, data or engine, naming it.
+        """
+        raise NotImplementedError
+
+    def generation_batch(self, inputs: list[dict]) -> list[dict]:
+        """The rows (B of them, `num_generations` per prompt) TRL generates for; `inputs` are the data loader's."""
+        return inputs
+
+    def generation(self, prompt_ids: list[list[int]]) -> AbstractContextManager:
+        """A context entered around one of TRL's `model.generate` calls, for the batch's `prompt_ids`."""
+        return nullcontext()
+
+    def rewards(self, inputs: list[dict], rewards_per_func: torch.Tensor) -> None:
+        """`rewards_per_func` (N, F) of the generation batch (NaN where a function returned None), over all
+        processes; `inputs` are this process's B rows."""
+
+    def advantages(self, output: dict) -> None:
+        """TRL's output for the generation batch on this process (advantages (B,), masks (B, T), ...); may change
+        its values or add entries, which TRL then buffers for the micro-steps."""
+
+    def loss_start(self, model, inputs: dict, batch: dict) -> None:
+        """Before TRL's loss on a micro-batch: `inputs` is the micro-batch TRL buffers, `batch` the shallow copy that
+        TRL's loss reads (a feature may change its entries for this pass only)."""
+
+    def policy_logps(self, batch: dict, logps: torch.Tensor, entropies: torch.Tensor | None) -> torch.Tensor:
+        """The policy's per-token log-probabilities (B, T) and entropies (B, T) inside TRL's loss; returns the
+        log-probabilities TRL's loss goes on with."""
+        return logps
+
+    def loss_end(self, batch: dict, loss: torch.Tensor) -> torch.Tensor:
+        """After TRL's loss on `batch`; returns the loss (with any terms added)."""
+        return loss
+
+    def training_step(self, model) -> None:
+        """Before transformers' forward-backward of a micro-step."""
+
+    def clip_gradients(self, model, clip):
+        """Clip the gradients where transformers does; `clip(model)` is transformers' own clipping. Returns the total
+        gradient norm, as `clip` does."""
+        return clip(model)
+
+    def regroup(self, event: Regroup) -> None:
+        """Policy groups changed (`Regroup`)."""
+
+    def state(self):
+        """The object (with `state_dict()` / `load_state_dict()`) saved in checkpoints, or None."""
+        return None

@@ -1,0 +1,211 @@
+"""The trainer wiring of adaptive gradient regularization: `GradReg`, the feature the trainer calls at the points of a
+step that `trainer.STEP` lists for it; it calls the modes of `GRPOConfig.grad_reg` (`modes`) where transformers clips
+the gradients. The formulas are in `clipping` and `adaptive_kl`, the state in `state`.
+
+Where it acts: transformers calls `_clip_grad_norm(model)` once per optimizer step, after the gradients are summed
+over micro-batches and synchronized across processes, before `optimizer.step()`; the learning-rate scheduler steps
+after it. There, in order: AGC (unit-wise, in place), the total gradient norm, the non-finite guard, then clipping to
+min(ZClip's bound, `max_grad_norm`) (`modes` module docstring). Every process sees the same synchronized norm, so
+every process takes the same decisions and keeps the same state. The adaptive KL coefficient is measured in TRL's
+loss and updated at the end of each accumulation window, for the next optimizer step.
+"""
+
+import logging
+import math
+import os
+
+import torch
+from accelerate.utils import DistributedType, broadcast_object_list
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from ..features import Feature
+from ..resume import checkpoint_problem
+from ..trl_contact import grad_norm, log_total, metrics, output_dir, save_checkpoint
+from .adaptive_kl import AdaptiveKL, per_token_kl
+from .modes import GRAD_REG_MODES
+from .state import GradRegState
+
+logger = logging.getLogger(__name__)
+
+
+class NonFiniteGradientError(RuntimeError):
+    """`grad_reg_max_skips` optimizer steps in a row had a NaN or infinite gradient norm; a checkpoint was saved."""
+
+
+class GradReg(Feature):
+    """Adaptive gradient regularization in the trainer: one object per mode of `grad_reg` (`self.modes`, registry
+    order) where transformers clips the gradients, the non-finite guard, and the adaptive KL coefficient. Built when
+    `grad_reg` names a mode or `kl_target` is set.
+
+    Non-finite guard: a step whose total gradient norm is NaN or Inf gets every `.grad` set to None, so torch's
+    optimizers and bitsandbytes' 8-bit ones leave both the parameters and their state (moments, step counts) as they
+    were. The learning-rate schedule still advances by one step, and the step still counts in `global_step` (under
+    fp16 loss scaling, torch's GradScaler also skips such a step, and then the schedule does not advance).
+
+    DeepSpeed (written against DeepSpeed 0.19 ZeRO-1/2, not run here): DeepSpeed clips and steps inside `backward`,
+    before `_clip_grad_norm` runs, at its optimizer's `clip_grad`, and skips non-finite steps itself. So before each
+    step `clip_grad` is set to min(μ + z_thr·σ, `max_grad_norm`) (the norm where ZClip's z reaches z_thr: the same
+    decision rule, with the bound itself as the clip target, since the norm is not known before the step), and ZClip
+    and the skip counters are updated afterwards from the norm DeepSpeed reports. AGC is refused there.
+
+    Raises:
+        ValueError: what a mode refuses when built (`agc` under DeepSpeed or FSDP).
+    """
+
+    name = "grad_reg"
+
+    def __init__(self, trainer):
+        super().__init__(trainer)
+        args = trainer.args
+        self.modes = [mode(self) for name, mode in GRAD_REG_MODES.items() if name in args.grad_reg]
+        zclip = next((mode.zclip for mode in self.modes if mode.name == "zclip"), None)
+        kl = AdaptiveKL(args.beta, args.kl_target, args.kl_horizon) if args.kl_target is not None else None
+        self._state = GradRegState(zclip, kl)
+        self._logps = None  # (B, T) the policy's log-probabilities of the loss being computed, detached
+        self._kl_window = None  # (3,) [sum of per-token KL, valid tokens, completions] over the accumulation window
+
+    @classmethod
+    def build(cls, trainer) -> "GradReg | None":
+        args = trainer.args
+        return cls(trainer) if args.grad_reg or args.kl_target is not None else None
+
+    def state(self) -> GradRegState:
+        return self._state
+
+    def log(self, name: str, value: float) -> None:
+        """Append `value` to the training metric `name`, logged by TRL."""
+        metrics(self.trainer, "train")[name].append(value)
+
+    # -- gradients
+
+    def _deepspeed(self) -> bool:
+        return self.trainer.accelerator.distributed_type == DistributedType.DEEPSPEED
+
+    def training_step(self, model) -> None:
+        if not self._deepspeed():
+            return
+        bounds = [bound for bound in (mode.deepspeed_bound() for mode in self.modes) if bound is not None]
+        if bounds:  # DeepSpeed clips at it in the backward that steps
+            self.trainer.deepspeed.optimizer.clip_grad = min([*bounds, self.trainer.args.max_grad_norm])
+
+    def clip_gradients(self, model, clip):
+        if not self.modes:  # kl_target alone: transformers clips as it does
+            return clip(model)
+        if self._deepspeed():
+            return self._deepspeed_step(model, clip)
+        trainer, args, state = self.trainer, self.trainer.args, self._state
+        logged = {}
+        for mode in self.modes:
+            changed = mode.rescale_gradients(model)
+            if changed is not None:
+                logged.update(changed)
+        if logged:  # gradients are whole and synchronized here (AGC is refused under DeepSpeed and FSDP)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+        else:
+            norm = grad_norm(trainer, model)  # () the total norm over all processes, not clipped (unscaled first)
+        value = float(norm)  # the same on every process
+        if not math.isfinite(value):
+            for p in model.parameters():
+                p.grad = None
+            self._count_skip(model, value)
+            return norm
+        state.consecutive_skips = 0
+        bound = args.max_grad_norm
+        for mode in self.modes:
+            clip_at = mode.clip_bound(value)
+            if clip_at is not None:
+                bound = min(clip_at, bound)
+        torch.nn.utils.clip_grads_with_norm_(model.parameters(), bound, norm)
+        self._log_step(value, bound, logged)
+        return norm
+
+    def _log_step(self, norm: float, bound: float, logged: dict[str, float]) -> None:
+        self.log("grad_reg/threshold", bound)
+        self.log("grad_reg/clipped", float(norm > bound))
+        log_total(self.trainer, "train", "grad_reg/skipped_steps", float(self._state.skipped))
+        for name, value in logged.items():
+            self.log(name, value)
+
+    def _count_skip(self, model, norm: float) -> None:
+        """Count a skipped step; after `grad_reg_max_skips` in a row, save a checkpoint and stop.
+
+        That checkpoint is written mid-step (the weights are the last good ones, but the GRPO loop's micro-step counter
+        and buffered generations are those of the failing step): it is for inspecting the run or restarting it with
+        other settings, not for an exact resume.
+
+        Raises:
+            NonFiniteGradientError: the `grad_reg_max_skips`-th skipped step in a row.
+        """
+        trainer = self.trainer
+        state, args, step = self._state, trainer.args, trainer.state.global_step
+        state.skipped += 1
+        state.consecutive_skips += 1
+        log_total(trainer, "train", "grad_reg/skipped_steps", float(state.skipped))
+        logger.warning(
+            "grad_reg: gradient norm %s at step %d: optimizer step skipped (%d in a row, %d in all)",
+            norm, step, state.consecutive_skips, state.skipped,
+        )  # fmt: skip
+        if state.consecutive_skips < args.grad_reg_max_skips:
+            return
+        state.consecutive_skips = 0  # a run resumed from the checkpoint gets a fresh allowance
+        checkpoint = os.path.join(output_dir(trainer), f"{PREFIX_CHECKPOINT_DIR}-{step}")
+        complete = [os.path.isdir(checkpoint) and checkpoint_problem(checkpoint) is None]
+        broadcast_object_list(complete)  # the main process's view, so that every process saves or none does
+        if not complete[0]:
+            save_checkpoint(trainer, model)
+        raise NonFiniteGradientError(
+            f"grad_reg: {args.grad_reg_max_skips} optimizer steps in a row (grad_reg_max_skips="
+            f"{args.grad_reg_max_skips}) had a non-finite gradient norm, the last one at global step {step} "
+            f"(norm {norm}); the weights of the last good step are in {checkpoint}"
+        )
+
+    def _deepspeed_step(self, model, clip):
+        """DeepSpeed ZeRO-1/2: the step is taken already (see the class docstring); update the state from its norm."""
+        norm = clip(model)  # DeepSpeed's norm of the step it took
+        applied = self.trainer.deepspeed.optimizer.clip_grad
+        if norm is None or not math.isfinite(float(norm)):
+            self._count_skip(model, float("nan") if norm is None else float(norm))
+            return norm
+        self._state.consecutive_skips = 0
+        for mode in self.modes:
+            mode.observe_norm(float(norm))
+        self._log_step(float(norm), applied, {})
+        return norm
+
+    # -- loss: the adaptive KL coefficient
+
+    def loss_start(self, model, inputs: dict, batch: dict) -> None:
+        kl = self._state.kl
+        if kl is not None and self.trainer.model.training:
+            self.trainer.beta = kl.beta  # this optimizer step's β (also right after a resume); TRL's loss reads it
+        self._logps = None
+
+    def policy_logps(self, batch: dict, logps: torch.Tensor, entropies: torch.Tensor | None) -> torch.Tensor:
+        if self._state.kl is not None and self.trainer.model.training:
+            self._logps = logps.detach()
+        return logps
+
+    def loss_end(self, batch: dict, loss: torch.Tensor) -> torch.Tensor:
+        logps, self._logps = self._logps, None
+        if logps is not None:
+            self._observe_kl(batch, logps)
+        return loss
+
+    def _observe_kl(self, inputs: dict, logps: torch.Tensor) -> None:
+        """Add this micro-batch's KL to the window; at the window's end, update β from the mean over all processes."""
+        trainer = self.trainer
+        mask = inputs["completion_mask"]  # (B, T)
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        mask = mask.float()
+        kl = per_token_kl(logps, inputs["ref_per_token_logps"])  # (B, T) nats
+        kl = torch.where(mask > 0, kl, 0.0)  # padding may hold anything, even inf
+        stats = torch.stack([kl.sum(), mask.sum(), torch.tensor(float(mask.size(0)), device=mask.device)])
+        self._kl_window = stats if self._kl_window is None else self._kl_window + stats
+        if not trainer.accelerator.sync_gradients:
+            return
+        kl_sum, tokens, completions = trainer.accelerator.reduce(self._kl_window, reduction="sum").tolist()
+        self._kl_window = None
+        kl_state = self._state.kl
+        self.log("kl_coef", kl_state.beta)  # the β this step's loss used
+        trainer.beta = kl_state.update(kl_sum / max(tokens, 1.0), round(completions))

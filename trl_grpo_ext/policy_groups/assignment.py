@@ -1,0 +1,185 @@
+"""Assigning prompts to policy groups at the start of a run: by a dataset column, a function of the row, or k-means
+over prompt features (TF-IDF or the policy's input embeddings). Pure functions.
+
+Representation everywhere: `names: list[str]` (index = group id) and `assignment: np.ndarray` of int64, shape (N,),
+the group id (0..K-1) of each dataset row. Functions return a new `(names, assignment)` and never mutate inputs.
+"""
+
+from collections.abc import Callable
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from datasets import Dataset
+from sklearn.cluster import KMeans
+from sklearn.feature_extraction.text import TfidfVectorizer
+
+from ..messages import message_text
+
+KMEANS_N_INIT = 10  # k-means++ restarts; the best inertia wins (Arthur & Vassilvitskii, 2007)
+
+
+ROW_COLUMN = "policy_group_row"  # added to the training dataset when policy grouping is on: each row's index
+
+
+def _names_and_assignment(keys: list[str]) -> tuple[list[str], np.ndarray]:
+    """Sorted distinct `keys` as group names, and each key's group id: shape (N,) int64."""
+    names = sorted(set(keys))
+    index = {name: i for i, name in enumerate(names)}
+    return names, np.array([index[key] for key in keys], dtype=np.int64)
+
+
+def assign_from_column(dataset: Dataset, column: str) -> tuple[list[str], np.ndarray]:
+    """One policy group per distinct (stringified) value of `column`; names sorted, so the result is deterministic.
+
+    Raises:
+        ValueError: `column` is not a column of `dataset` (the message lists the dataset's columns), or a row has no
+            value (None) in it (the message names the row).
+    """
+    if column not in dataset.column_names:
+        raise ValueError(
+            f"policy_group_column={column!r} is not a column of the training dataset; "
+            f"its columns are {[c for c in dataset.column_names if c != ROW_COLUMN]}"
+        )
+    values = dataset[column]
+    missing = next((i for i, value in enumerate(values) if value is None), None)
+    if missing is not None:
+        raise ValueError(f"policy_group_column={column!r} is None in row {missing}: every prompt needs a group")
+    return _names_and_assignment([str(value) for value in values])
+
+
+def assign_from_callable(dataset: Dataset, fn: Callable[[dict], str]) -> tuple[list[str], np.ndarray]:
+    """One policy group per distinct `fn(example)` over the rows of `dataset`; names sorted.
+
+    Raises:
+        ValueError: `fn` returned something other than a `str`; the message gives the row index and the value.
+    """
+    keys = []
+    for index, example in enumerate(dataset):
+        key = fn(example)
+        if not isinstance(key, str):
+            raise ValueError(
+                f"the policy group function returned {key!r} ({type(key).__name__}) for row {index}; "
+                "a policy group name must be a str"
+            )
+        keys.append(key)
+    return _names_and_assignment(keys)
+
+
+def prompt_texts(dataset: Dataset) -> list[str]:
+    """The text of each row's `prompt`, for clustering.
+
+    A plain-string prompt is used as is. A conversational prompt (list of `{"role", "content"}` messages) gives the
+    contents of its `"user"` messages joined by "\\n" (a content may be a list of `{"type": "text"}` parts); system
+    and assistant turns are left out, as they are usually the same on every row (a shared system prompt, few-shot
+    answers) and would only blur the clusters.
+    """
+    texts = []
+    for prompt in dataset["prompt"]:
+        if isinstance(prompt, str):
+            texts.append(prompt)
+        else:
+            texts.append("\n".join(message_text(m) for m in prompt if m.get("role") == "user"))
+    return texts
+
+
+def tfidf_features(texts: list[str]) -> sp.csr_matrix:
+    """TF-IDF features of `texts`: sparse (N, V) float64, each row L2-normalized (k-means on it ~ cosine distance).
+
+    Settings: lowercase; tokens are words of 2+ letters (`[^\\W\\d_]{2,}`: numbers are left out, so problems cluster
+    by topic, not by the numbers in them); English stop words removed; sublinear tf (1 + log tf); smooth idf.
+    Deterministic: the vocabulary is sorted. Raises ValueError (sklearn's "empty vocabulary") if no text has a word.
+    """
+    vectorizer = TfidfVectorizer(
+        lowercase=True, token_pattern=r"(?u)\b[^\W\d_]{2,}\b", stop_words="english", sublinear_tf=True
+    )
+    return vectorizer.fit_transform(texts).tocsr()
+
+
+def embedding_features(
+    model: torch.nn.Module, tokenizer, texts: list[str], batch_size: int = 32, max_length: int = 256
+) -> np.ndarray:
+    """Mean of the model's *input embeddings* over each text's tokens: shape (N, H) float32, H the hidden size.
+
+    Only the embedding table (`model.get_input_embeddings()`) is used, no forward pass through the transformer:
+    cheap (a lookup, no attention), deterministic (no dropout, no dependence on batch or padding), and it works on
+    any model whose input embeddings are plain (as under LoRA or 4-bit QLoRA). Texts are tokenized without special
+    tokens (a BOS shared by every row would only pull rows together) and truncated to `max_length` tokens; padding
+    is done here, so the tokenizer needs no pad token. An empty text gives a zero vector. Runs under
+    `torch.no_grad()` on the embedding table's device, in float32.
+    """
+    embed = model.get_input_embeddings()
+    device = embed.weight.device
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(texts), batch_size):
+            batch = texts[start : start + batch_size]
+            ids = tokenizer(batch, add_special_tokens=False, truncation=True, max_length=max_length)["input_ids"]
+            longest = max(1, max(len(x) for x in ids))
+            padded = torch.zeros(len(ids), longest, dtype=torch.long)  # (b, T)
+            mask = torch.zeros(len(ids), longest)  # (b, T)
+            for row, x in enumerate(ids):
+                padded[row, : len(x)] = torch.tensor(x, dtype=torch.long)
+                mask[row, : len(x)] = 1.0
+            padded, mask = padded.to(device), mask.to(device)
+            vectors = embed(padded).float()  # (b, T, H)
+            summed = (vectors * mask.unsqueeze(-1)).sum(dim=1)  # (b, H)
+            out.append((summed / mask.sum(dim=1, keepdim=True).clamp(min=1.0)).cpu())
+    hidden = embed.weight.shape[1]
+    return torch.cat(out).numpy().astype(np.float32) if out else np.zeros((0, hidden), dtype=np.float32)
+
+
+def canonical_labels(labels: np.ndarray) -> np.ndarray:
+    """Relabel a partition so that ids are 0, 1, ... in order of each cluster's smallest row index: (N,) int64.
+
+    The same partition of the rows always gets the same ids, whatever ids the clustering gave it.
+    """
+    uniques, first, inverse = np.unique(np.asarray(labels), return_index=True, return_inverse=True)
+    rank = np.empty(len(uniques), dtype=np.int64)
+    rank[np.argsort(first)] = np.arange(len(uniques))
+    return rank[inverse.reshape(-1)]
+
+
+def kmeans_assign(features, num_groups: int, seed: int) -> np.ndarray:
+    """k-means labels of the rows of `features` (dense (N, D) or scipy sparse), canonical ids: (N,) int64.
+
+    sklearn `KMeans(n_clusters=num_groups, random_state=seed, n_init=KMEANS_N_INIT)`, Lloyd's algorithm, relabeled
+    with `canonical_labels`: the same features and seed give the same ids. If the rows have fewer than `num_groups`
+    distinct vectors, fewer labels come back (0..k-1, k < num_groups).
+
+    Raises:
+        ValueError: `num_groups` is below 1 or above the number of rows.
+    """
+    n = features.shape[0]
+    if not 1 <= num_groups <= n:
+        raise ValueError(f"num_policy_groups ({num_groups}) must be between 1 and the number of prompts ({n})")
+    if num_groups == 1:
+        return np.zeros(n, dtype=np.int64)
+    kmeans = KMeans(n_clusters=num_groups, random_state=seed, n_init=KMEANS_N_INIT, algorithm="lloyd")
+    return canonical_labels(kmeans.fit_predict(features))
+
+
+def kmeans_groups(features, num_groups: int, seed: int, prefix: str = "cluster") -> tuple[list[str], np.ndarray]:
+    """`kmeans_assign` as policy groups named `f"{prefix}{id}"` ("cluster0", "cluster1", ...)."""
+    assignment = kmeans_assign(features, num_groups, seed)
+    return [f"{prefix}{i}" for i in range(int(assignment.max(initial=-1)) + 1)], assignment
+
+
+def checked_assignment(names: list[str], assignment: np.ndarray, features=None) -> np.ndarray:
+    """`assignment` as (N,) int64; ValueError unless its ids are in 0..len(names)-1 and `features` has N rows."""
+    assignment = np.asarray(assignment, dtype=np.int64)
+    if assignment.ndim != 1 or (assignment.size and not 0 <= assignment.min() <= assignment.max() < len(names)):
+        raise ValueError(f"assignment must be 1-D with group ids in 0..{len(names) - 1} (one per policy group name)")
+    if features is not None and features.shape[0] != assignment.shape[0]:
+        raise ValueError(f"features have {features.shape[0]} rows but assignment has {assignment.shape[0]}")
+    return assignment
+
+
+def feature_rows(features, rows: np.ndarray):
+    """The given rows of dense or sparse `features`."""
+    return features.tocsr()[rows] if sp.issparse(features) else np.asarray(features)[rows]
+
+
+def centroid(features, rows: np.ndarray) -> np.ndarray:
+    """Mean of the given rows of dense or sparse `features`: shape (D,)."""
+    return np.asarray(feature_rows(features, rows).mean(axis=0)).ravel()

@@ -1,0 +1,319 @@
+"""The trainer wiring of dynamic policy grouping: `PolicyGroups`, the feature the trainer calls at the points of a
+step that `trainer.STEP` lists for it. The formulas are in the other modules of this folder, the state in `state`.
+"""
+
+import logging
+
+import torch
+from accelerate.utils import gather_object
+
+from ..config import policy_grouping_requested
+from ..features import Feature, Regroup
+from ..trl_contact import log_total, loss_mask, metrics
+from . import regrouping
+from .advantages import loss_weights, policy_group_advantages
+from .assignment import (
+    ROW_COLUMN,
+    assign_from_callable,
+    assign_from_column,
+    embedding_features,
+    kmeans_groups,
+    prompt_texts,
+    tfidf_features,
+)
+from .state import PolicyGroupState
+
+logger = logging.getLogger(__name__)
+
+
+def with_row_column(dataset):
+    """`dataset` with its row index in `ROW_COLUMN`, so that rows keep their policy group through TRL's loader.
+
+    Raises:
+        ValueError: no dataset, an iterable dataset (policy grouping needs to index rows), or one that already
+            has the column.
+    """
+    if dataset is None or not hasattr(dataset, "add_column"):
+        raise ValueError(f"policy grouping needs a map-style datasets.Dataset as train_dataset, got {type(dataset)}")
+    if ROW_COLUMN in dataset.column_names:
+        raise ValueError(f"the training dataset already has a column named {ROW_COLUMN!r}, which policy grouping uses")
+    return dataset.add_column(ROW_COLUMN, list(range(len(dataset))))
+
+
+def check_policy_group_setup(args, grouping: bool) -> None:
+    """Settings that need policy groups, without them (or the reverse), as a `ValueError` naming the fields.
+
+    Raises:
+        ValueError: grouping with `remove_unused_columns=True` (the row column would be dropped), or a grouping
+            setting changed from its default while no group source (column, features or `policy_group_fn`) is set.
+    """
+    if grouping and args.remove_unused_columns:
+        raise ValueError("policy grouping needs remove_unused_columns=False (got True): rows carry their group")
+    if grouping:
+        return
+    changed = {
+        # `uniform` is TRL's order: harmless without groups, and the default before issue #11 (saved configs hold it)
+        "policy_group_sampling": args.policy_group_sampling not in ("learnability", "uniform"),
+        "advantage_baseline": args.advantage_baseline != "prompt",
+        "policy_group_refine_step": args.policy_group_refine_step is not None,
+        "policy_group_regroup_steps": args.policy_group_regroup_steps is not None,
+    }
+    if any(changed.values()):
+        fields = ", ".join(f"{name}={getattr(args, name)!r}" for name, on in changed.items() if on)
+        raise ValueError(
+            f"{fields} needs policy groups: set policy_group_column or policy_group_features, or pass policy_group_fn"
+        )
+
+
+class PolicyGroups(Feature):
+    """Dynamic policy grouping in the trainer: the groups of the training prompts (`groups`, a `PolicyGroupState`),
+    their statistics from every generation batch, the weights applied to the advantages, the prompts drawn per
+    group, and the regroups, each announced to the trainer (`trainer._announce`) for the features that follow the
+    groups.
+
+    Built when `policy_group_column` or `policy_group_features` is set, or the trainer got `policy_group_fn`.
+    """
+
+    name = "policy_groups"
+
+    def __init__(self, trainer):
+        super().__init__(trainer)
+        self._batch = None  # (gathered rewards per function (N, F), dataset rows (N,)) of this generation batch
+        self._entropies = None  # (B, T) entropies of the loss being computed
+        self._entropy_window = None  # (group names, (2, K) [entropy sum, completions]) over the window
+        self._keys: list[str | None] = []  # each training row's group key (column value or function name)
+        self.groups = self._build_groups()
+
+    @classmethod
+    def build(cls, trainer) -> "PolicyGroups | None":
+        if not (policy_grouping_requested(trainer.args) or trainer.policy_group_fn is not None):
+            return None
+        return cls(trainer)
+
+    def state(self) -> PolicyGroupState:
+        return self.groups
+
+    def _build_groups(self) -> PolicyGroupState:
+        trainer = self.trainer
+        args, dataset, fn = trainer.args, trainer.train_dataset, trainer.policy_group_fn
+        features = None
+        if fn is not None:
+            names, assignment = assign_from_callable(dataset, fn)
+        elif args.policy_group_column is not None:
+            names, assignment = assign_from_column(dataset, args.policy_group_column)
+        else:
+            features = self._features(args.policy_group_features)
+            names, assignment = kmeans_groups(features, args.num_policy_groups, args.seed)
+        names, assignment, merges = regrouping.merge_small_groups(
+            names, assignment, args.policy_group_min_size, features, args.min_policy_groups
+        )
+        for reason in merges:
+            logger.warning("Policy groups: %s", reason)
+        self._keys = [self._key(row) for row in dataset] if features is None else []
+        state = PolicyGroupState(names, torch.as_tensor(assignment), args.seed)
+        state.events.extend(merges)
+        logger.info("Policy groups: %s", dict(zip(names, torch.bincount(state.assignment).tolist(), strict=True)))
+        return state
+
+    def _features(self, kind: str):
+        trainer = self.trainer
+        texts = prompt_texts(trainer.train_dataset)
+        if kind == "embedding":
+            model = trainer.accelerator.unwrap_model(trainer.model)
+            return embedding_features(model, trainer.processing_class, texts)
+        return tfidf_features(texts)
+
+    # -- generation batch, rewards, advantages
+
+    def generation_batch(self, inputs: list[dict]) -> list[dict]:
+        trainer = self.trainer
+        if not trainer.model.training or trainer.args.policy_group_sampling == "uniform":
+            return inputs
+        return self.draw_generation_batch(len(inputs))
+
+    def draw_generation_batch(self, local_size: int) -> list[dict]:
+        """Replace the data loader's generation batch by prompts drawn per policy group: the same global draw on
+        every process (each takes its slice), every prompt repeated `num_generations` times, as TRL's sampler."""
+        trainer = self.trainer
+        num_prompts = local_size * trainer.accelerator.num_processes // trainer.num_generations
+        rows = self.groups.draw_rows(num_prompts, trainer.args).repeat_interleave(trainer.num_generations)
+        start = trainer.accelerator.process_index * local_size
+        return [trainer.train_dataset[int(row)] for row in rows[start : start + local_size]]
+
+    def rewards(self, inputs: list[dict], rewards_per_func: torch.Tensor) -> None:
+        trainer = self.trainer
+        if trainer.model.training:
+            rows = torch.tensor([row[ROW_COLUMN] for row in inputs], device=rewards_per_func.device)
+            self._batch = (rewards_per_func, trainer.accelerator.gather(rows))
+        else:
+            self._log_eval(inputs, rewards_per_func)
+
+    def _total_rewards(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
+        """(N,) weighted sum over reward functions as TRL forms it; NaN where every function returned None."""
+        rewards_per_func = rewards_per_func.cpu()
+        rewards = (rewards_per_func * self.trainer.reward_weights.cpu()).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        return rewards
+
+    def _log_eval(self, inputs: list[dict], rewards_per_func: torch.Tensor) -> None:
+        """Mean evaluation reward per policy group; a prompt whose group the training run does not know (or that
+        k-means grouping cannot place) is reported under `unassigned`."""
+        keys = [self._key(row) for row in inputs]
+        current = self._group_of_key()
+        names = gather_object([current.get(key, "unassigned") for key in keys])
+        rewards = self._total_rewards(rewards_per_func)
+        for name in sorted(set(names)):
+            values = rewards[torch.tensor([n == name for n in names])]
+            metrics(self.trainer, "eval")[f"policy_groups/{name}/reward"].append(torch.nanmean(values).item())
+
+    def _key(self, row: dict) -> str | None:
+        """The key that placed a row in its group at the start (column value, or `policy_group_fn`'s name); None
+        for k-means groups or a row the function cannot name."""
+        fn, column = self.trainer.policy_group_fn, self.trainer.args.policy_group_column
+        if fn is not None:
+            try:
+                return str(fn(row))
+            except Exception:  # an evaluation row may lack what the function reads: it is reported as unassigned
+                return None
+        if column is not None and row.get(column) is not None:
+            return str(row[column])
+        return None
+
+    def _group_of_key(self) -> dict[str, str]:
+        """Key -> name of the current group holding most training rows with that key (groups get split, merged
+        and renamed during training; keys stay)."""
+        if not self._keys:  # k-means groups have no key
+            return {}
+        ids = self.groups.assignment.tolist()
+        votes: dict[str, dict[int, int]] = {}
+        for key, group in zip(self._keys, ids, strict=True):
+            if key is not None:
+                votes.setdefault(key, {}).setdefault(group, 0)
+                votes[key][group] += 1
+        return {key: self.groups.names[max(count, key=count.get)] for key, count in votes.items()}
+
+    def advantages(self, output: dict) -> None:
+        if self.trainer.model.training:
+            self.apply_policy_groups(output)
+
+    def apply_policy_groups(self, output: dict) -> None:
+        """Fold the generation batch into the statistics, update the weights, regroup when due, and apply the groups
+        to TRL's advantages (B,) in `output`, adding each completion's group id (`policy_group_ids`)."""
+        trainer = self.trainer
+        args, state = trainer.args, self.groups
+        rewards_per_func, rows = (t.cpu() for t in self._batch)  # (N, F), (N,)
+        rewards = self._total_rewards(rewards_per_func)  # (N,)
+        # (N,) tokens of TRL's loss mask (model tokens, as TRL's completion lengths); a completion masked as truncated
+        # (`mask_truncated_completions`) has none and is left out of the statistics, as out of TRL's loss
+        lengths = trainer.accelerator.gather(loss_mask(output).sum(dim=1)).cpu().double()
+        lengths[lengths == 0] = torch.nan
+        state.observe(rows[:: trainer.num_generations], rewards, lengths, trainer.num_generations,
+                      args.policy_group_ema, args.policy_group_progress_halflife)  # fmt: skip
+        step = trainer.state.global_step
+        state.maybe_update_weights(step, args)
+        self.maybe_regroup(step)
+
+        group_ids = state.assignment[rows]  # (N,)
+        advantages = output["advantages"]  # (B,) this process's part of the N completions
+        start = trainer.accelerator.process_index * len(advantages)
+        local = slice(start, start + len(advantages))
+        if args.advantage_baseline == "policy_group":
+            global_advantages = policy_group_advantages(rewards, group_ids, state.num_groups, trainer.scale_rewards)
+            advantages = global_advantages[local].to(advantages)
+        if args.policy_group_loss_weighting:
+            used = ~torch.isnan(rewards) & ~torch.isnan(lengths)  # (N,) completions TRL's policy loss uses
+            advantages = advantages * loss_weights(state.weights, group_ids, used)[local].to(advantages)
+        output["advantages"] = advantages
+        output["policy_group_ids"] = group_ids[local].to(output["completion_mask"].device)
+        for key, value in state.metrics().items():
+            metrics(trainer, "train")[key].append(value)
+        for key, value in state.totals().items():
+            log_total(trainer, "train", key, value)
+
+    # -- regrouping
+
+    def maybe_regroup(self, step: int) -> None:
+        """Refine at `policy_group_refine_step`; every `policy_group_regroup_steps`, merge two groups that behave
+        alike or else split one whose prompts' success rates are bimodal. Each regroup is announced."""
+        args, state = self.trainer.args, self.groups
+        if args.policy_group_refine_step is not None and not state.refined and step >= args.policy_group_refine_step:
+            state.refined = True
+            features = self._features(args.policy_group_features or "tfidf")
+            names, assignment = regrouping.refine_groups(
+                state.names, state.assignment.numpy(), features, args.policy_group_refine_parts, args.seed,
+                args.max_policy_groups,
+            )  # fmt: skip
+            self.regroup_to(names, assignment, f"step {step}: refined {state.num_groups} groups into {len(names)}")
+        if args.policy_group_regroup_steps is None or step - state.last_regroup_step < args.policy_group_regroup_steps:
+            return
+        state.last_regroup_step = step
+        # a group made by a split or refinement is not merged back before batches have been observed for it
+        seen = state.has_ema["reward"] & state.observed
+        merge = regrouping.plan_merge(
+            state.names, torch.where(seen, state.ema["reward"], torch.nan).numpy(),
+            torch.where(seen, state.ema["reward_std"], torch.nan).numpy(), args.policy_group_merge_tol,
+            args.min_policy_groups,
+        )  # fmt: skip
+        if merge is not None:
+            i, j, reason = merge
+            names, assignment = regrouping.apply_merge(state.names, state.assignment.numpy(), i, j)
+            self.regroup_to(names, assignment, f"step {step}: {reason}")
+            return
+        if state.num_groups >= args.max_policy_groups:
+            return
+        for group, name in enumerate(state.names):
+            members = (state.assignment == group) & ~torch.isnan(state.prompt_success)
+            prompt_ids = members.nonzero().flatten()
+            split = regrouping.plan_split(
+                name, prompt_ids.numpy(), state.prompt_success[prompt_ids].numpy(), args.policy_group_min_size,
+                args.policy_group_split_gap,
+            )  # fmt: skip
+            if split is not None:
+                _, high_ids, reason = split
+                names, assignment = regrouping.apply_split(state.names, state.assignment.numpy(), group, high_ids)
+                self.regroup_to(names, assignment, f"step {step}: {reason}")
+                return
+
+    def regroup_to(self, names: list[str], assignment, reason: str) -> None:
+        """Replace the groups by `names` / `assignment` (N,) and announce the change (`features.Regroup`)."""
+        old_names, old_assignment = tuple(self.groups.names), self.groups.assignment.clone()
+        self.groups.regroup(names, torch.as_tensor(assignment), reason)
+        logger.warning("Policy groups: %s -> %s", reason, self.groups.names)
+        self.trainer._announce(
+            Regroup(old_names, old_assignment, tuple(self.groups.names), self.groups.assignment.clone(), reason)
+        )
+
+    # -- loss: each group's entropy
+
+    def policy_logps(self, batch: dict, logps: torch.Tensor, entropies: torch.Tensor | None) -> torch.Tensor:
+        if self.trainer.model.training and entropies is not None:
+            self._entropies = entropies.detach()
+        return logps
+
+    def loss_end(self, batch: dict, loss: torch.Tensor) -> torch.Tensor:
+        entropies, self._entropies = self._entropies, None
+        if entropies is not None and "policy_group_ids" in batch:
+            self._observe_entropy(entropies, batch)
+        return loss
+
+    def _observe_entropy(self, entropies: torch.Tensor, inputs: dict) -> None:
+        """Add this micro-batch's per-group sums of token entropy and tokens (from `entropies` (B, T), nats) to the
+        accumulation window; at its end, sum over processes and fold the window's per-group mean token entropy into
+        the EMA, once per optimizer step however the step is split into micro-batches. The tokens are those of TRL's
+        `entropy` metric (`loss_mask`: a completion masked as truncated has none), so with one group the measurement
+        is TRL's `entropy` over the step. A window whose groups changed midway (a regroup at a generation batch
+        inside it) starts anew."""
+        accelerator = self.trainer.accelerator
+        mask = loss_mask(inputs).double()  # (B, T)
+        names, k = list(self.groups.names), self.groups.num_groups
+        ids = inputs["policy_group_ids"]  # set after any regroup of this generation batch, so still valid
+        sums = torch.zeros(2, k, dtype=torch.float64, device=mask.device)  # (2, K) [entropy sum, tokens]
+        sums[0].index_add_(0, ids, (entropies.double() * mask).sum(1))
+        sums[1].index_add_(0, ids, mask.sum(1))
+        window = self._entropy_window
+        self._entropy_window = (names, sums if window is None or window[0] != names else window[1] + sums)
+        if not accelerator.sync_gradients:
+            return
+        totals = accelerator.reduce(self._entropy_window[1], reduction="sum").cpu()  # (2, K)
+        self._entropy_window = None
+        self.groups.observe_entropy(totals[0] / totals[1].clamp(min=1), totals[1], self.trainer.args.policy_group_ema)
