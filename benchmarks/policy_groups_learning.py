@@ -66,6 +66,7 @@ TASKS = {
     "coin": (lambda text, n: float(zlib.crc32(text.encode()) % 2), False),  # 0/1 noise
     "uniform_noise": (lambda text, n: _hash01(text), False),  # continuous noise
     "constant": (lambda text, n: 0.7, False),  # continuous, solved
+    "easy": (lambda text, n: float(zlib.crc32(text.encode()) % 8 != 0), False),  # 0/1, right 7 times in 8
 }
 # mix -> ({group: (task, share of the prompts)}, threshold of the learnable groups' evaluation reward)
 MIXES = {
@@ -81,6 +82,9 @@ MIXES = {
     "continuous": ({"brevity": ("brevity", 0.3), "digit_share": ("digit_share", 0.3),
                     "noise": ("uniform_noise", 0.2), "constant": ("constant", 0.2)}, 0.6),
     "no_noise": ({"short": ("short", 0.2), "digits": ("digits", 0.3), "solved": ("solved", 0.5)}, 0.6),
+    # GSM8K-like (issue #17): easy problems (nearly always right), learnable ones of two difficulties, impossible ones
+    "gsm8k_like": ({"easy": ("easy", 0.4), "medium": ("short", 0.2), "hard": ("shorter", 0.2),
+                    "impossible": ("hopeless", 0.2)}, 0.7),
 }  # fmt: skip
 
 
@@ -169,6 +173,10 @@ def run(job: dict) -> dict:
         reward.trainer = trainer
         trainer.train()
         step_times = [row["step_time"] for row in trainer.state.log_history if "step_time" in row]
+        # TRL's share of generation groups whose rewards all agree, per training step (`frac_reward_zero_std`)
+        zero_std = [(row["step"], row["frac_reward_zero_std"]) for row in trainer.state.log_history
+                    if "frac_reward_zero_std" in row and "eval_loss" not in row]  # fmt: skip
+        final = trainer.state.global_step
         counts = [row for row in trainer.state.log_history if any(k.endswith("/count") for k in row)]
         prompts = {k.split("/")[1]: v for k, v in (counts[-1] if counts else {}).items() if k.endswith("/count")}
     curve = learnable_curve(reward.evals, learnable)
@@ -176,7 +184,7 @@ def run(job: dict) -> dict:
     tokens = sum(n for step, n in reward.tokens.items() if reached is None or step < reached)
     return {"mix": mix, "seed": seed, "variant": job["variant"], "steps": reached,
             "tokens": tokens if reached else None, "step_time": statistics.median(step_times), "curve": curve,
-            "prompts_per_group": prompts}  # fmt: skip
+            "prompts_per_group": prompts, "zero_std": zero_std, "final_step": final}  # fmt: skip
 
 
 class StopAtThreshold(TrainerCallback):

@@ -60,21 +60,26 @@ class RecordingReward:
     def __call__(self, completions, prompts, **kwargs):
         step = self.trainer.state.global_step if self.trainer is not None else -1
         self.calls.append((step, [p[-1]["content"] for p in prompts]))
-        return [(len(c[0]["content"]) % 7) / 7 for c in completions]
+        solved = kwargs.get("solved") or [False] * len(completions)  # a `half_solved` dataset's solved prompts
+        return [1.0 if s else (len(c[0]["content"]) % 7) / 7 for c, s in zip(completions, solved, strict=True)]
 
 
 def build_trainer(config: dict, model_dir: str, output_dir: str) -> tuple[GRPOTrainer, RecordingReward]:
     """A trainer on seeded GSM8K-style problems; `config` holds GRPOConfig overrides plus `lora` (rank) and
-    `num_problems` (dataset size, default 8: a few steps cross several epochs)."""
+    `num_problems` (dataset size, default 8: a few steps cross several epochs) and `half_solved` (every other problem
+    gets reward 1 for every completion: generation groups with nothing to learn)."""
     config = dict(config)
     lora_rank = config.pop("lora", None)
     num_problems = config.pop("num_problems", 8)
+    rows = to_grpo_rows(synthetic_gsm8k(num_problems, seed=2))
+    if config.pop("half_solved", False):
+        rows = [{**row, "solved": i % 2 == 0} for i, row in enumerate(rows)]
     reward = RecordingReward()
     trainer = GRPOTrainer(
         model=model_dir,
         reward_funcs=[reward],
         args=GRPOConfig(output_dir=output_dir, **{**DEFAULTS, **config}),
-        train_dataset=Dataset.from_list(to_grpo_rows(synthetic_gsm8k(num_problems, seed=2))),
+        train_dataset=Dataset.from_list(rows),
         peft_config=LoraConfig(r=lora_rank, target_modules=["q_proj", "v_proj"]) if lora_rank else None,
     )
     reward.trainer = trainer

@@ -54,6 +54,12 @@ FIELDS = {
     "policy_group_regroup_steps": ([], [None, 1], {}, INT_1 + ", or None"),
     "policy_group_merge_tol": (["2.5"], [0.0, 1e6], {}, "a finite number in [0, 1000000]"),
     "policy_group_split_gap": ([], [1e-6, 1.0], {}, "a finite number in (0, 1]"),
+    "prompt_skip": ([], [True, False, "true", "no"], {"remove_unused_columns": False}, "true or false"),
+    "prompt_skip_target": ([], [0.0, 0.999], {}, "a finite number in [0, 1)"),
+    "prompt_skip_initial_keep": ([], [1e-6, 1.0], {"prompt_skip_min_keep": 1e-6}, "a finite number in (0, 1]"),
+    "prompt_skip_adapt_step": ([], [1e-6, 1.0], {}, "a finite number in (0, 1]"),
+    "prompt_skip_failing_grace": ([], [0, 100], {}, "an integer >= 0"),
+    "prompt_skip_min_keep": ([], [1e-6, 0.5], {}, "a finite number in (0, 1]"),
     "entropy_reg": ([], [[], "target", ["advantage", "clip_cov"], "kl_cov,target"], {}, "entropy_reg "),
     "entropy_target_per_group": ([], [False, True], {"entropy_reg": "target"}, "true or false"),
     "entropy_pi_kp": (["2.5"], [0.0, 1000.0], {}, "a finite number in [0, 1000]"),
@@ -115,7 +121,7 @@ def test_each_field_takes_its_edge_values(tmp_path, name):
     _, edges, companions, _ = FIELDS[name]
     for value in edges:
         config = _config(tmp_path, **companions, **{name: value})
-        if isinstance(value, str) and name in ("policy_group_loss_weighting", "generation_compile"):
+        if isinstance(value, str) and name in ("policy_group_loss_weighting", "generation_compile", "prompt_skip"):
             assert getattr(config, name) is (value in ("true", "1"))  # read as TrlParser reads a bool
         elif name in ("entropy_reg", "grad_reg"):
             assert getattr(config, name) == [m.strip() for m in ([value] if isinstance(value, str) else value)

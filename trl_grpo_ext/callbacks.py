@@ -18,7 +18,7 @@ COLUMNS = (
 PLOT_NAME = "training_curves.png"
 GROUPS_PLOT_NAME = "policy_groups.png"
 # kept in the history too
-EXTENSION_METRICS = ("policy_groups/", "entropy_reg/", "grad_reg/", "kl_coef", "fast_generation/")
+EXTENSION_METRICS = ("policy_groups/", "prompt_skip/", "entropy_reg/", "grad_reg/", "kl_coef", "fast_generation/")
 HISTORY_NAME = "training_metrics.jsonl"
 
 

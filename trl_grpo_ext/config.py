@@ -131,6 +131,32 @@ class GRPOConfig(TRLGRPOConfig):
             Smallest gap between the two 2-means centres of per-prompt success rates that counts as bimodal (success
             rates spread evenly over [0, 1] give a gap of 0.5, so keep it above that).
 
+        > Parameters that control prompt skipping
+
+        Generate only where there is something to learn (after GRESO, Zheng et al. 2025, arXiv:2506.02177): a prompt
+        whose last z generation groups were uninformative (every completion the same reward, so every advantage 0)
+        is skipped before generation with probability 1 − max(p^z, `prompt_skip_min_keep`), p a base keep
+        probability adapted every generation batch towards `prompt_skip_target`; the batch is filled with other
+        prompts (inside each policy group's draw when policy groups are on). `trl_grpo_ext.prompt_skip` says more.
+
+        prompt_skip (`bool`, *optional*, defaults to `False`):
+            Turn prompt skipping on. Needs a map-style training dataset (rows are indexed) and
+            `remove_unused_columns=False`.
+        prompt_skip_target (`float`, *optional*, defaults to `0.25`):
+            The share of uninformative generation groups in a generation batch that the base keep probability p is
+            steered towards: lowered while the share is above, raised while below.
+        prompt_skip_initial_keep (`float`, *optional*, defaults to `0.5`):
+            The base keep probability p at the start.
+        prompt_skip_adapt_step (`float`, *optional*, defaults to `0.02`):
+            The step by which p moves after each generation batch.
+        prompt_skip_failing_grace (`int`, *optional*, defaults to `3`):
+            Uninformative visits of a *failing* prompt (all its completions got the same reward, below the best
+            reward seen in the run) that do not count towards its streak: a hard prompt that is still learnable is
+            not skipped at once. A *solved* prompt (all at the best reward) counts from its first visit.
+        prompt_skip_min_keep (`float`, *optional*, defaults to `0.05`):
+            The lowest keep probability of any prompt (and the lowest p), so that a skipped prompt is generated for
+            now and then: it may have become informative again.
+
         > Parameters that control entropy regularization
 
         Built on TRL's entropy fields (`entropy_target`, `entropy_coef_min`, `entropy_coef_max`), off unless
@@ -310,6 +336,28 @@ class GRPOConfig(TRLGRPOConfig):
     policy_group_split_gap: float = field(
         default=0.6, metadata={"help": "Gap between 2-means centres of per-prompt success rates that is bimodal."}
     )
+    prompt_skip: bool = field(
+        default=False,
+        metadata={
+            "help": "Skip, before generation, prompts whose recent generation groups were uninformative (all "
+            "completions the same reward), after GRESO (arXiv:2506.02177)."
+        },
+    )
+    prompt_skip_target: float = field(
+        default=0.25, metadata={"help": "Share of uninformative generation groups the keep probability is steered to."}
+    )
+    prompt_skip_initial_keep: float = field(
+        default=0.5, metadata={"help": "Base keep probability p at the start (a streak of z keeps with p^z)."}
+    )
+    prompt_skip_adapt_step: float = field(
+        default=0.02, metadata={"help": "Step of the base keep probability after each generation batch."}
+    )
+    prompt_skip_failing_grace: int = field(
+        default=3, metadata={"help": "Uninformative visits of a failing (not solved) prompt that do not count."}
+    )
+    prompt_skip_min_keep: float = field(
+        default=0.05, metadata={"help": "Lowest keep probability of any prompt, so skipped ones come back."}
+    )
 
     entropy_reg: list[str] = field(
         default_factory=list,
@@ -415,8 +463,9 @@ class GRPOConfig(TRLGRPOConfig):
             annotation = GRPOConfig.__annotations__[f.name]  # not f.type: HfArgumentParser rewrites that in place
             value = check_field(f.name, getattr(self, f.name), annotation, FIELD_RANGES.get(f.name), choices)
             setattr(self, f.name, value)
-        for check in (cls._check_trl_fields, cls._check_policy_group_fields, cls._check_entropy_reg_fields,
-                      cls._check_grad_reg_fields, cls._check_generation_fields):  # fmt: skip
+        for check in (cls._check_trl_fields, cls._check_policy_group_fields, cls._check_prompt_skip_fields,
+                      cls._check_entropy_reg_fields, cls._check_grad_reg_fields,
+                      cls._check_generation_fields):  # fmt: skip
             check(self)
 
     def _check_trl_fields(self) -> None:
@@ -444,6 +493,19 @@ class GRPOConfig(TRLGRPOConfig):
             raise ValueError(
                 "policy grouping needs remove_unused_columns=False (got True): the trainer reads each row's policy "
                 "group from the dataset"
+            )
+
+    def _check_prompt_skip_fields(self) -> None:
+        """Rules between prompt-skipping fields and with TRL's (each field alone is checked by its declaration)."""
+        if self.prompt_skip and self.remove_unused_columns:
+            raise ValueError(
+                "prompt_skip=True needs remove_unused_columns=False (got True): the trainer reads each row's index "
+                "from the dataset"
+            )
+        if self.prompt_skip_initial_keep < self.prompt_skip_min_keep:
+            raise ValueError(
+                f"need prompt_skip_min_keep ({self.prompt_skip_min_keep}) <= prompt_skip_initial_keep "
+                f"({self.prompt_skip_initial_keep})"
             )
 
     def _check_entropy_reg_fields(self) -> None:
@@ -522,6 +584,11 @@ FIELD_RANGES = {
     "policy_group_regroup_steps": Range(1),
     "policy_group_merge_tol": Range(0, 1e6),
     "policy_group_split_gap": Range(0, 1, low_open=True),
+    "prompt_skip_target": Range(0, 1, high_open=True),
+    "prompt_skip_initial_keep": Range(0, 1, low_open=True),
+    "prompt_skip_adapt_step": Range(0, 1, low_open=True),
+    "prompt_skip_failing_grace": Range(0),
+    "prompt_skip_min_keep": Range(0, 1, low_open=True),
     "entropy_pi_kp": Range(0, 1000),
     "entropy_pi_ki": Range(0, 1000),
     "entropy_pi_horizon": Range(0, 10000),

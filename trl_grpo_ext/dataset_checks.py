@@ -5,6 +5,10 @@ missing one is a `TypeError` from inside the reward function)."""
 
 import inspect
 
+# Added to the training dataset when policy grouping or prompt skipping is on: each row's index (named for policy
+# grouping, which added it first; checkpoints and reward functions see this name).
+ROW_COLUMN = "policy_group_row"
+
 # What TRL 1.16's `_calculate_rewards` passes every reward function besides the dataset's columns, and the columns it
 # does not pass on ("prompt" goes in as `prompts`).
 TRL_REWARD_ARGUMENTS = frozenset(
@@ -78,3 +82,17 @@ def _check_reward_columns(dataset, reward_funcs, args, which: str) -> None:
                     f"reward function {name!r} reads the dataset column {column!r}, which remove_unused_columns=True "
                     f"drops before the reward functions see it: set remove_unused_columns=False"
                 )
+
+
+def with_row_column(dataset, needed_by: str):
+    """`dataset` with its row index in `ROW_COLUMN`, so that rows keep their identity through TRL's loader (policy
+    grouping and prompt skipping keep statistics per row; `needed_by` names them in errors).
+
+    Raises:
+        ValueError: no dataset, an iterable dataset (rows must be indexed), or one that already has the column.
+    """
+    if dataset is None or not hasattr(dataset, "add_column"):
+        raise ValueError(f"{needed_by} needs a map-style datasets.Dataset as train_dataset, got {type(dataset)}")
+    if ROW_COLUMN in dataset.column_names:
+        raise ValueError(f"the training dataset already has a column named {ROW_COLUMN!r}, which {needed_by} uses")
+    return dataset.add_column(ROW_COLUMN, list(range(len(dataset))))

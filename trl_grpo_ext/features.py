@@ -8,7 +8,9 @@ in which order; the trainer calls them there and nowhere else, so `trainer.py` a
 Points, in the order of a step (B completions on this process, N over all processes, F reward functions, T completion
 tokens; TRL generates a generation batch once every `steps_per_generation` micro-steps):
 
-    generation_batch   which prompts the generation batch holds (before generation)
+    prompt_filter      whether a prompt drawn for the generation batch is kept (else the draw goes on)
+    generation_batch   which prompts the generation batch holds (before generation): the first feature listed
+                       there that draws the batch draws it, through the prompt filters
     generation         around each of TRL's `model.generate` calls
     rewards            the reward functions' scores of the generation batch, gathered over all processes
     advantages         TRL's output for the generation batch: advantages (B,), masks, log-probabilities
@@ -21,14 +23,15 @@ tokens; TRL generates a generation batch once every `steps_per_generation` micro
     checkpoint         the state saved in every checkpoint and restored on resume (`state()`)
 """
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-POINTS = ("generation_batch", "generation", "rewards", "advantages", "loss_start", "policy_logps", "loss_end",
-          "training_step", "clip_gradients", "regroup", "checkpoint")  # fmt: skip
+POINTS = ("prompt_filter", "generation_batch", "generation", "rewards", "advantages", "loss_start", "policy_logps",
+          "loss_end", "training_step", "clip_gradients", "regroup", "checkpoint")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,29 @@ class Regroup:
         return parents
 
 
+def total_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) -> torch.Tensor:
+    """(N,) the reward of each completion as TRL forms it from (N, F) `rewards_per_func`: the `reward_weights` (F,)
+    weighted sum over reward functions, NaN where every function returned None (on the CPU)."""
+    rewards_per_func = rewards_per_func.cpu()
+    rewards = (rewards_per_func * reward_weights.cpu()).nansum(dim=1)
+    rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+    return rewards
+
+
+def prompts_per_draw(trainer, local_size: int) -> int:
+    """P, the prompts of one global generation batch whose slice on each process is `local_size` rows."""
+    return local_size * trainer.accelerator.num_processes // trainer.num_generations
+
+
+def local_rows(trainer, prompt_rows: torch.Tensor, local_size: int) -> list[dict]:
+    """This process's `local_size` training-dataset rows of a global draw `prompt_rows` (P,): every prompt repeated
+    `num_generations` times in a row, and process i taking rows [i·local_size, (i+1)·local_size), as TRL's sampler
+    lays a generation batch out (the same draw on every process)."""
+    rows = prompt_rows.repeat_interleave(trainer.num_generations)
+    start = trainer.accelerator.process_index * local_size
+    return [trainer.train_dataset[int(row)] for row in rows[start : start + local_size]]
+
+
 class Feature:
     """One feature of the trainer. Each method is a point of the step (module docstring); the defaults do nothing,
     and `trainer.STEP` names the points each feature overrides (a test keeps the two in sync)."""
@@ -78,9 +104,15 @@ class Feature:
         """
         raise NotImplementedError
 
-    def generation_batch(self, inputs: list[dict]) -> list[dict]:
-        """The rows (B of them, `num_generations` per prompt) TRL generates for; `inputs` are the data loader's."""
-        return inputs
+    def prompt_filter(self, row: int) -> bool:
+        """Whether the training-dataset row `row`, drawn for the generation batch, is kept (generated for)."""
+        return True
+
+    def generation_batch(self, inputs: list[dict], keep: Callable[[int], bool] | None) -> list[dict] | None:
+        """The rows TRL generates for instead of the data loader's `inputs` (B rows, `num_generations` per prompt),
+        each drawn row passed through `keep` (the prompt filters; None: there are none); None: this feature does not
+        draw this batch."""
+        return None
 
     def generation(self, prompt_ids: list[list[int]]) -> AbstractContextManager:
         """A context entered around one of TRL's `model.generate` calls, for the batch's `prompt_ids`."""

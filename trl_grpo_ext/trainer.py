@@ -18,12 +18,13 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotat
 from trl.trainer.utils import get_config_model_id
 
 from .config import GRPOConfig, TRLGRPOConfig, policy_grouping_requested
-from .dataset_checks import check_dataset_columns
+from .dataset_checks import check_dataset_columns, with_row_column
 from .entropy.feature import EntropyReg
 from .features import Feature, Regroup
 from .generation.feature import FastGenerationFeature
 from .grad_reg.feature import GradReg
-from .policy_groups.feature import PolicyGroups, check_policy_group_setup, with_row_column
+from .policy_groups.feature import PolicyGroups, check_policy_group_setup
+from .prompt_skip.feature import PromptSkip
 from .resume import (
     EpochSeededSampler,
     RunAlreadyComplete,
@@ -38,25 +39,37 @@ from .trl_contact import GRPOLoopState, TRLContact, output_dir, stop_memory_trac
 logger = logging.getLogger(__name__)
 
 # The features, in the order they are built (each `build` returns None when its settings are off).
-FEATURES = (PolicyGroups, EntropyReg, GradReg, FastGenerationFeature)
+FEATURES = (PolicyGroups, PromptSkip, EntropyReg, GradReg, FastGenerationFeature)
 
 # Which features act at each point of a training step, in this order (`features` says what each point is). Within a
 # point the order matters where one feature reads what another wrote: the policy groups reweight the advantages
 # before entropy regularization marks the scored completions and shifts the advantages inside the loss; the entropy
 # terms are added to the loss after the policy groups and the adaptive KL have measured it.
 STEP = {
-    "generation_batch": ("policy_groups",),  # prompts drawn per policy group (sampling)
-    "generation": ("fast_generation",),  # static cache, compiled decode step, merged LoRA weights
-    "rewards": ("policy_groups", "entropy_reg"),  # rows and rewards noted; completions some reward scored
-    "advantages": ("policy_groups", "entropy_reg"),  # statistics, weights, regroup, reweighting; scored mask
-    "loss_start": ("entropy_reg", "grad_reg"),  # accumulation window planned (Clip-Cov/KL-Cov tokens); β set
-    "policy_logps": ("policy_groups", "grad_reg", "entropy_reg"),  # entropies, log-probs noted; advantages shifted,
-    # Clip-Cov's tokens detached
-    "loss_end": ("policy_groups", "grad_reg", "entropy_reg"),  # group entropy, KL measured; entropy terms added
-    "training_step": ("grad_reg",),  # DeepSpeed: its clip bound set from ZClip
-    "clip_gradients": ("grad_reg",),  # AGC, non-finite guard, ZClip
-    "regroup": ("entropy_reg",),  # per-group entropy controllers follow the policy groups
-    "checkpoint": ("policy_groups", "entropy_reg", "grad_reg"),  # their state saved and restored
+    # a prompt whose recent generation groups were uninformative may be skipped before generation
+    "prompt_filter": ("prompt_skip",),
+    # the first that draws the batch: per policy group, else (no groups, or their `uniform` order) uniformly
+    "generation_batch": ("policy_groups", "prompt_skip"),
+    # static cache, compiled decode step, merged LoRA weights
+    "generation": ("fast_generation",),
+    # rows and rewards noted; which completions some reward function scored
+    "rewards": ("policy_groups", "prompt_skip", "entropy_reg"),
+    # statistics, weights, regroup, reweighted advantages; each prompt's history; the scored mask
+    "advantages": ("policy_groups", "prompt_skip", "entropy_reg"),
+    # the accumulation window planned (Clip-Cov/KL-Cov tokens); this step's β
+    "loss_start": ("entropy_reg", "grad_reg"),
+    # entropies and log-probabilities noted; advantages shifted, Clip-Cov's tokens detached
+    "policy_logps": ("policy_groups", "grad_reg", "entropy_reg"),
+    # each group's entropy and the KL measured; the entropy terms added to the loss
+    "loss_end": ("policy_groups", "grad_reg", "entropy_reg"),
+    # DeepSpeed: its clip bound set from ZClip
+    "training_step": ("grad_reg",),
+    # AGC, the non-finite guard, ZClip
+    "clip_gradients": ("grad_reg",),
+    # event: the per-group entropy controllers follow the policy groups
+    "regroup": ("entropy_reg",),
+    # the state saved in checkpoints and restored on resume
+    "checkpoint": ("policy_groups", "prompt_skip", "entropy_reg", "grad_reg"),
 }
 
 
@@ -81,6 +94,10 @@ class GRPOTrainer(TRLContact):
     the trainer then keeps per-group statistics and weights (`self.policy_groups`, a `PolicyGroupState`) and applies
     them to the advantages and to which prompts are generated for. It adds a `policy_group_row` column (the row
     index) to the training dataset, which reward functions receive among their keyword arguments.
+
+    Prompt skipping (off unless `GRPOConfig.prompt_skip` is set; `trl_grpo_ext.prompt_skip`): prompts whose recent
+    generation groups were uninformative are skipped before generation (after GRESO, arXiv:2506.02177), and the
+    generation batch is filled with others; it adds the same `policy_group_row` column as policy grouping.
 
     Entropy regularization (off unless `GRPOConfig.entropy_reg` names a mode; `trl_grpo_ext.entropy`): the modes of
     `entropy.modes.ENTROPY_REG_MODES` (target control of the mean token entropy, Clip-Cov, KL-Cov, an entropy-shaped
@@ -128,8 +145,8 @@ class GRPOTrainer(TRLContact):
         check_policy_group_setup(args, grouping)
         eval_dataset = more[0] if more else kwargs.get("eval_dataset")
         check_dataset_columns(train_dataset, reward_funcs, args, eval_dataset)  # before the model is loaded
-        if grouping:
-            train_dataset = with_row_column(train_dataset)
+        if grouping or args.prompt_skip:  # both keep statistics per dataset row
+            train_dataset = with_row_column(train_dataset, "policy grouping" if grouping else "prompt_skip")
         super().__init__(model, reward_funcs, args, train_dataset, *more, **kwargs)
         self.policy_group_fn = policy_group_fn
         self.run_already_complete = False  # set by `train`
@@ -177,8 +194,13 @@ class GRPOTrainer(TRLContact):
     # -- the points of a step (`STEP`): each TRL hook calls the features acting there, then or around TRL's method
 
     def hook_generate_and_score_completions(self, inputs):
-        for feature in self._acting("generation_batch"):
-            inputs = feature.generation_batch(inputs)
+        filters = self._acting("prompt_filter")
+        keep = (lambda row: all(f.prompt_filter(row) for f in filters)) if filters else None
+        for feature in self._acting("generation_batch"):  # the first that draws the batch draws it
+            drawn = feature.generation_batch(inputs, keep)
+            if drawn is not None:
+                inputs = drawn
+                break
         output = super().hook_generate_and_score_completions(inputs)
         for feature in self._acting("advantages"):
             feature.advantages(output)

@@ -14,12 +14,10 @@ from datasets import Dataset
 from sklearn.cluster import KMeans
 from sklearn.feature_extraction.text import TfidfVectorizer
 
+from ..dataset_checks import ROW_COLUMN
 from ..messages import message_text
 
 KMEANS_N_INIT = 10  # k-means++ restarts; the best inertia wins (Arthur & Vassilvitskii, 2007)
-
-
-ROW_COLUMN = "policy_group_row"  # added to the training dataset when policy grouping is on: each row's index
 
 
 def _names_and_assignment(keys: list[str]) -> tuple[list[str], np.ndarray]:

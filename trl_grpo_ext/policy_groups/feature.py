@@ -8,12 +8,12 @@ import torch
 from accelerate.utils import gather_object
 
 from ..config import policy_grouping_requested
-from ..features import Feature, Regroup
+from ..dataset_checks import ROW_COLUMN
+from ..features import Feature, Regroup, local_rows, prompts_per_draw, total_rewards
 from ..trl_contact import log_total, loss_mask, metrics
 from . import regrouping
 from .advantages import loss_weights, policy_group_advantages
 from .assignment import (
-    ROW_COLUMN,
     assign_from_callable,
     assign_from_column,
     embedding_features,
@@ -24,20 +24,6 @@ from .assignment import (
 from .state import PolicyGroupState
 
 logger = logging.getLogger(__name__)
-
-
-def with_row_column(dataset):
-    """`dataset` with its row index in `ROW_COLUMN`, so that rows keep their policy group through TRL's loader.
-
-    Raises:
-        ValueError: no dataset, an iterable dataset (policy grouping needs to index rows), or one that already
-            has the column.
-    """
-    if dataset is None or not hasattr(dataset, "add_column"):
-        raise ValueError(f"policy grouping needs a map-style datasets.Dataset as train_dataset, got {type(dataset)}")
-    if ROW_COLUMN in dataset.column_names:
-        raise ValueError(f"the training dataset already has a column named {ROW_COLUMN!r}, which policy grouping uses")
-    return dataset.add_column(ROW_COLUMN, list(range(len(dataset))))
 
 
 def check_policy_group_setup(args, grouping: bool) -> None:
@@ -125,20 +111,19 @@ class PolicyGroups(Feature):
 
     # -- generation batch, rewards, advantages
 
-    def generation_batch(self, inputs: list[dict]) -> list[dict]:
+    def generation_batch(self, inputs: list[dict], keep) -> list[dict] | None:
         trainer = self.trainer
         if not trainer.model.training or trainer.args.policy_group_sampling == "uniform":
-            return inputs
-        return self.draw_generation_batch(len(inputs))
+            return None  # TRL's order (or, with prompt skipping, its uniform draw)
+        return self.draw_generation_batch(len(inputs), keep)
 
-    def draw_generation_batch(self, local_size: int) -> list[dict]:
-        """Replace the data loader's generation batch by prompts drawn per policy group: the same global draw on
-        every process (each takes its slice), every prompt repeated `num_generations` times, as TRL's sampler."""
+    def draw_generation_batch(self, local_size: int, keep=None) -> list[dict]:
+        """Replace the data loader's generation batch by prompts drawn per policy group, each through `keep` (the
+        prompt filters, inside its group's draw): the same global draw on every process (each takes its slice),
+        every prompt repeated `num_generations` times, as TRL's sampler."""
         trainer = self.trainer
-        num_prompts = local_size * trainer.accelerator.num_processes // trainer.num_generations
-        rows = self.groups.draw_rows(num_prompts, trainer.args).repeat_interleave(trainer.num_generations)
-        start = trainer.accelerator.process_index * local_size
-        return [trainer.train_dataset[int(row)] for row in rows[start : start + local_size]]
+        rows = self.groups.draw_rows(prompts_per_draw(trainer, local_size), trainer.args, keep)
+        return local_rows(trainer, rows, local_size)
 
     def rewards(self, inputs: list[dict], rewards_per_func: torch.Tensor) -> None:
         trainer = self.trainer
@@ -149,11 +134,7 @@ class PolicyGroups(Feature):
             self._log_eval(inputs, rewards_per_func)
 
     def _total_rewards(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
-        """(N,) weighted sum over reward functions as TRL forms it; NaN where every function returned None."""
-        rewards_per_func = rewards_per_func.cpu()
-        rewards = (rewards_per_func * self.trainer.reward_weights.cpu()).nansum(dim=1)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        return rewards
+        return total_rewards(rewards_per_func, self.trainer.reward_weights)
 
     def _log_eval(self, inputs: list[dict], rewards_per_func: torch.Tensor) -> None:
         """Mean evaluation reward per policy group; a prompt whose group the training run does not know (or that

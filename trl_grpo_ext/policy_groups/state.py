@@ -192,18 +192,25 @@ class PolicyGroupState:
             self.weights, uncertainty, args.policy_group_sampling_floor, self.available
         )
 
-    def draw_rows(self, num_prompts: int, args) -> torch.Tensor:
+    def draw_rows(self, num_prompts: int, args, keep=None) -> torch.Tensor:
         """Dataset rows (num_prompts,) for the next generation batch: groups drawn from `probabilities`, and within a
-        group its prompts in a seeded random order without repeats until all were drawn."""
+        group its prompts in a seeded random order without repeats until all were drawn. With `keep(row) -> bool`
+        (prompt skipping), a drawn row that fails it is consumed and the group's next one is tried; after as many
+        failures in a row as the group has prompts, the last one is taken."""
         generator = self._generator(purpose=1)
         groups = torch.multinomial(self.probabilities(args), num_prompts, replacement=True, generator=generator)
+        sizes = torch.bincount(self.assignment, minlength=self.num_groups).tolist()
         rows = []
         for group in groups.tolist():
-            if len(self.queues[group]) == 0:
-                members = (self.assignment == group).nonzero().flatten()
-                self.queues[group] = members[torch.randperm(len(members), generator=generator)]
-            rows.append(int(self.queues[group][0]))
-            self.queues[group] = self.queues[group][1:]
+            for tries in range(1, sizes[group] + 1):
+                if len(self.queues[group]) == 0:
+                    members = (self.assignment == group).nonzero().flatten()
+                    self.queues[group] = members[torch.randperm(len(members), generator=generator)]
+                row = int(self.queues[group][0])
+                self.queues[group] = self.queues[group][1:]
+                if keep is None or keep(row) or tries == sizes[group]:
+                    break
+            rows.append(row)
         return torch.tensor(rows, dtype=torch.long)
 
     # ----- regrouping -----------------------------------------------------------------------------------------

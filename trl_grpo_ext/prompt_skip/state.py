@@ -1,0 +1,70 @@
+"""`PromptSkipState`: everything prompt skipping decides from, identical on every process, saved in every
+checkpoint."""
+
+import torch
+
+from .history import PromptHistory
+
+
+class PromptSkipState:
+    """The per-prompt history, the adapted base keep probability, the uniform prompt order used without policy groups,
+    and the running totals. Every random decision comes from a generator seeded by (seed, counter), so all processes
+    decide alike and a resumed run decides as the uninterrupted one.
+
+    Args:
+        num_rows: the training dataset's rows.
+        base: the starting base keep probability.
+        seed: the run's seed.
+    """
+
+    def __init__(self, num_rows: int, base: float, seed: int):
+        self.history = PromptHistory(num_rows)
+        self.base = base
+        self.seed = seed
+        self.batches = 0  # generation batches observed: seeds the keep decisions of the next one
+        self.passes = 0  # uniform passes over the dataset begun (no policy groups)
+        self.order = torch.empty(0, dtype=torch.long)  # the rest of the current pass
+        self.best_reward = -float("inf")  # the best completion reward seen: a prompt uninformative at it is solved
+        self.skipped = 0  # prompts skipped since the start
+        self.tokens_saved = 0.0  # completion tokens those skips did not generate (estimated from their last visit)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.history.streak)
+
+    def nbytes(self) -> int:
+        """Bytes held: the history's 11 a prompt, and the rest of the current pass (int64 rows, up to 8 a prompt)."""
+        return self.history.nbytes() + self.order.numel() * self.order.element_size()
+
+    def decision_generator(self) -> torch.Generator:
+        """The generator of the next generation batch's keep decisions."""
+        return torch.Generator().manual_seed((self.seed * 1_000_003 + self.batches * 7_919 + 17) % 2**63)
+
+    def draw_rows(self, num_prompts: int, keep) -> torch.Tensor:
+        """Dataset rows (num_prompts,) in a seeded random order without repeats until every row was drawn (TRL's
+        shuffled epoch), each drawn row passing through `keep(row) -> bool` (None: all pass); a row that fails is
+        consumed and the next one is tried, and after `num_rows` failures in a row the last one is taken."""
+        rows = []
+        for _ in range(num_prompts):
+            for tries in range(1, self.num_rows + 1):
+                if len(self.order) == 0:
+                    generator = torch.Generator().manual_seed((self.seed * 1_000_033 + self.passes) % 2**63)
+                    self.order = torch.randperm(self.num_rows, generator=generator)
+                    self.passes += 1
+                row = int(self.order[0])
+                self.order = self.order[1:]
+                if keep is None or keep(row) or tries == self.num_rows:
+                    break
+            rows.append(row)
+        return torch.tensor(rows, dtype=torch.long)
+
+    def state_dict(self) -> dict:
+        return {"history": self.history.state_dict(), "base": self.base, "batches": self.batches,
+                "passes": self.passes, "order": self.order.clone(), "skipped": self.skipped,
+                "tokens_saved": self.tokens_saved, "best_reward": self.best_reward}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history.load_state_dict(state["history"])
+        self.base, self.batches, self.passes = state["base"], state["batches"], state["passes"]
+        self.order, self.skipped, self.tokens_saved = state["order"].clone(), state["skipped"], state["tokens_saved"]
+        self.best_reward = state["best_reward"]
