@@ -169,7 +169,8 @@ def run(job: dict) -> dict:
         trainer = trainer_cls(model=job["model_dir"], reward_funcs=[reward], args=config_cls(**settings),
                               train_dataset=train, eval_dataset=evaluation)  # fmt: skip
         trainer.remove_callback(PrinterCallback)
-        trainer.add_callback(StopAtThreshold(reward, learnable, threshold))
+        if job.get("stop", True):  # `stop=False`: train all `max_steps` (final rewards, not only steps to threshold)
+            trainer.add_callback(StopAtThreshold(reward, learnable, threshold))
         reward.trainer = trainer
         trainer.train()
         step_times = [row["step_time"] for row in trainer.state.log_history if "step_time" in row]
@@ -179,12 +180,16 @@ def run(job: dict) -> dict:
         final = trainer.state.global_step
         counts = [row for row in trainer.state.log_history if any(k.endswith("/count") for k in row)]
         prompts = {k.split("/")[1]: v for k, v in (counts[-1] if counts else {}).items() if k.endswith("/count")}
+        logs = [{k: v for k, v in row.items() if k == "step" or k.startswith("policy_groups/")}
+                for row in trainer.state.log_history] if job.get("keep_log") else None  # fmt: skip
     curve = learnable_curve(reward.evals, learnable)
     reached = steps_to(curve, threshold)
     tokens = sum(n for step, n in reward.tokens.items() if reached is None or step < reached)
     return {"mix": mix, "seed": seed, "variant": job["variant"], "steps": reached,
             "tokens": tokens if reached else None, "step_time": statistics.median(step_times), "curve": curve,
-            "prompts_per_group": prompts, "zero_std": zero_std, "final_step": final}  # fmt: skip
+            "prompts_per_group": prompts, "zero_std": zero_std, "final_step": final, "log": logs,
+            "group_evals": {step: {g: statistics.mean(v) for g, v in per_group.items()}
+                            for step, per_group in sorted(reward.evals.items())}}  # fmt: skip
 
 
 class StopAtThreshold(TrainerCallback):

@@ -54,6 +54,14 @@ FIELDS = {
     "policy_group_regroup_steps": ([], [None, 1], {}, INT_1 + ", or None"),
     "policy_group_merge_tol": (["2.5"], [0.0, 1e6], {}, "a finite number in [0, 1000000]"),
     "policy_group_split_gap": ([], [1e-6, 1.0], {}, "a finite number in (0, 1]"),
+    "policy_group_warmup_steps": ([], [None, 1], {}, INT_1 + ", or None"),
+    "policy_group_warmup_plateau": ([], [True, False, "true", "no"], {"policy_group_warmup_steps": 5},
+                                    "true or false"),
+    "policy_group_plateau_window": ([], [3], {}, "an integer >= 3"),
+    "policy_group_plateau_tol": (["2.5"], [0.0, 1e6], {}, "a finite number in [0, 1000000]"),
+    "policy_group_fusion_start": ([], [None, 1e-9, 0.999, 1, 1e9], {},
+                                  "a finite number in (0, 1000000000] (a whole number from 1), or None"),
+    "policy_group_fusion_anneal_steps": ([], [0], {}, "an integer >= 0"),
     "prompt_skip": ([], [True, False, "true", "no"], {"remove_unused_columns": False}, "true or false"),
     "prompt_skip_target": ([], [0.0, 0.999], {}, "a finite number in [0, 1)"),
     "prompt_skip_initial_keep": ([], [1e-6, 1.0], {"prompt_skip_min_keep": 1e-6}, "a finite number in (0, 1]"),
@@ -121,7 +129,12 @@ def test_each_field_takes_its_edge_values(tmp_path, name):
     _, edges, companions, _ = FIELDS[name]
     for value in edges:
         config = _config(tmp_path, **companions, **{name: value})
-        if isinstance(value, str) and name in ("policy_group_loss_weighting", "generation_compile", "prompt_skip"):
+        if isinstance(value, str) and name in (
+            "policy_group_loss_weighting",
+            "generation_compile",
+            "prompt_skip",
+            "policy_group_warmup_plateau",
+        ):
             assert getattr(config, name) is (value in ("true", "1"))  # read as TrlParser reads a bool
         elif name in ("entropy_reg", "grad_reg"):
             assert getattr(config, name) == [m.strip() for m in ([value] if isinstance(value, str) else value)

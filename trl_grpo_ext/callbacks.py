@@ -93,12 +93,33 @@ def plot_curves(rows: list[dict], path: str) -> str:
     return path
 
 
+def stage_spans(log_history: list[dict]) -> list[tuple[str, int, int]]:
+    """The training stages of a run as (stage name, first step, last step), in order, from the logged
+    `policy_groups/stage` (the index into `policy_groups.stages.STAGES`); [] when the run had no stages."""
+    from .policy_groups.stages import STAGES
+
+    spans: list[tuple[str, int, int]] = []
+    for row in log_history:
+        if "step" not in row or row.get("policy_groups/stage") is None:
+            continue
+        stage = STAGES[round(row["policy_groups/stage"])]
+        if spans and spans[-1][0] == stage:
+            spans[-1] = (stage, spans[-1][1], row["step"])
+        else:
+            spans.append((stage, row["step"], row["step"]))
+    return spans
+
+
+STAGE_COLOURS = {"warmup": "tab:gray", "competition": "white", "fusion": "tab:green"}
+
+
 def plot_policy_groups(log_history: list[dict], path: str) -> str:
     """Plot each policy group's weight and EMA reward against the step into a PNG at `path`; return it.
 
     `log_history` is `trainer.state.log_history` (or the rows `MetricsTableCallback` keeps): dicts with a `step`
     and `policy_groups/<name>/weight` / `policy_groups/<name>/reward` keys. Groups that appear later (a split)
-    start where they first appear; merged-away groups stop.
+    start where they first appear; merged-away groups stop. With training stages (`policy_groups/stage` logged),
+    warm-up is shaded grey and fusion green, each span named at the top (`stage_spans`).
     """
     import matplotlib
 
@@ -123,7 +144,13 @@ def plot_policy_groups(log_history: list[dict], path: str) -> str:
                 ax.plot(*zip(*points, strict=True), marker="o", markersize=2, label=name)
     ax_weight.set(xlabel="step", ylabel="weight (mean 1 over groups)", title="Policy group weights")
     ax_reward.set(xlabel="step", ylabel="EMA reward", title="Policy group rewards")
+    spans = stage_spans(log_history)
     for ax in (ax_weight, ax_reward):
+        for i, (stage, first, last) in enumerate(spans):
+            end = spans[i + 1][1] if i + 1 < len(spans) else last  # shaded up to where the next stage starts
+            ax.axvspan(first, end, color=STAGE_COLOURS[stage], alpha=0.15, lw=0)
+            ax.text((first + end) / 2, 0.99, stage, transform=ax.get_xaxis_transform(), ha="center", va="top",
+                    fontsize=7, color="dimgray")  # fmt: skip
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()

@@ -36,6 +36,11 @@ def policy_grouping_requested(args) -> bool:
     return args.policy_group_column is not None or args.policy_group_features is not None
 
 
+def stages_requested(args) -> bool:
+    """Whether a config asks for the training stages of policy grouping (a warm-up or a fusion)."""
+    return args.policy_group_warmup_steps is not None or args.policy_group_fusion_start is not None
+
+
 def generation_levers(args) -> list[str]:
     """The fast-generation settings a config turns on, as `name=value` (empty: TRL's own generation)."""
     levers = ["generation_compile=True"] if args.generation_compile else []
@@ -130,6 +135,29 @@ class GRPOConfig(TRLGRPOConfig):
         policy_group_split_gap (`float`, *optional*, defaults to `0.6`):
             Smallest gap between the two 2-means centres of per-prompt success rates that counts as bimodal (success
             rates spread evenly over [0, 1] give a gap of 0.5, so keep it above that).
+
+        > Parameters that control the training stages of policy grouping
+
+        Off unless `policy_group_warmup_steps` or `policy_group_fusion_start` is set; then a run goes through
+        warm-up (every policy group treated alike: weights 1, prompts drawn uniformly, statistics gathered, no merge
+        or split), competition (the weight and sampling rules act) and fusion (the groups that did well merged by the
+        merge rule, weights and draw annealed back to uniform). `trl_grpo_ext.policy_groups.stages` says more.
+
+        policy_group_warmup_steps (`int`, *optional*):
+            Warm-up lasts until this global step (with `policy_group_warmup_plateau`: at most until it).
+        policy_group_warmup_plateau (`bool`, *optional*, defaults to `False`):
+            End warm-up earlier, once the overall reward's trend flattens: the rise of the least-squares line through
+            the last `policy_group_plateau_window` generation batches' mean rewards, plus its standard error, is below
+            `policy_group_plateau_tol` × the mean within-batch reward std.
+        policy_group_plateau_window (`int`, *optional*, defaults to `16`):
+            Generation batches the reward's trend is fitted over (at least 3).
+        policy_group_plateau_tol (`float`, *optional*, defaults to `0.1`):
+            A rise below this many reward stds over the window is flat.
+        policy_group_fusion_start (`float`, *optional*):
+            Fusion starts at this global step (a whole number >= 1) or at this fraction of the run's steps (0 < x < 1,
+            of `max_steps` or of the steps `num_train_epochs` comes to), as transformers' `save_steps` reads a ratio.
+        policy_group_fusion_anneal_steps (`int`, *optional*, defaults to `10`):
+            Global steps over which fusion moves the weights and the draw linearly back to uniform (0: at once).
 
         > Parameters that control prompt skipping
 
@@ -336,6 +364,26 @@ class GRPOConfig(TRLGRPOConfig):
     policy_group_split_gap: float = field(
         default=0.6, metadata={"help": "Gap between 2-means centres of per-prompt success rates that is bimodal."}
     )
+    policy_group_warmup_steps: int | None = field(
+        default=None,
+        metadata={"help": "Warm-up (all policy groups alike) until this global step; with the plateau rule, at most."},
+    )
+    policy_group_warmup_plateau: bool = field(
+        default=False, metadata={"help": "End warm-up earlier, once the overall reward's trend flattens."}
+    )
+    policy_group_plateau_window: int = field(
+        default=16, metadata={"help": "Generation batches the reward's trend is fitted over (at least 3)."}
+    )
+    policy_group_plateau_tol: float = field(
+        default=0.1, metadata={"help": "A rise below this many reward stds over the window is flat."}
+    )
+    policy_group_fusion_start: float | None = field(
+        default=None,
+        metadata={"help": "Fusion from this global step (>= 1) or this fraction of the run's steps (0 < x < 1)."},
+    )
+    policy_group_fusion_anneal_steps: int = field(
+        default=10, metadata={"help": "Steps over which fusion moves weights and draw back to uniform (0: at once)."}
+    )
     prompt_skip: bool = field(
         default=False,
         metadata={
@@ -463,8 +511,8 @@ class GRPOConfig(TRLGRPOConfig):
             annotation = GRPOConfig.__annotations__[f.name]  # not f.type: HfArgumentParser rewrites that in place
             value = check_field(f.name, getattr(self, f.name), annotation, FIELD_RANGES.get(f.name), choices)
             setattr(self, f.name, value)
-        for check in (cls._check_trl_fields, cls._check_policy_group_fields, cls._check_prompt_skip_fields,
-                      cls._check_entropy_reg_fields, cls._check_grad_reg_fields,
+        for check in (cls._check_trl_fields, cls._check_policy_group_fields, cls._check_stage_fields,
+                      cls._check_prompt_skip_fields, cls._check_entropy_reg_fields, cls._check_grad_reg_fields,
                       cls._check_generation_fields):  # fmt: skip
             check(self)
 
@@ -493,6 +541,26 @@ class GRPOConfig(TRLGRPOConfig):
             raise ValueError(
                 "policy grouping needs remove_unused_columns=False (got True): the trainer reads each row's policy "
                 "group from the dataset"
+            )
+
+    def _check_stage_fields(self) -> None:
+        """Rules between the training-stage fields (each field alone is checked by its declaration)."""
+        start = self.policy_group_fusion_start
+        if self.policy_group_warmup_plateau and self.policy_group_warmup_steps is None:
+            raise ValueError(
+                "policy_group_warmup_plateau=True ends warm-up when the reward flattens, at the latest at "
+                "policy_group_warmup_steps: set policy_group_warmup_steps (got None)"
+            )
+        warmup = self.policy_group_warmup_steps
+        if warmup is not None and start is not None and start >= 1 and warmup >= start:
+            raise ValueError(
+                f"warm-up must end before fusion starts: policy_group_warmup_steps ({warmup}) must be < "
+                f"policy_group_fusion_start ({start:g})"
+            )
+        if start is not None and start >= 1 and self.max_steps > 0 and start > self.max_steps:
+            raise ValueError(
+                f"policy_group_fusion_start ({start:g}) is after the run's last step (max_steps={self.max_steps}): "
+                "fusion would never start"
             )
 
     def _check_prompt_skip_fields(self) -> None:
@@ -584,6 +652,11 @@ FIELD_RANGES = {
     "policy_group_regroup_steps": Range(1),
     "policy_group_merge_tol": Range(0, 1e6),
     "policy_group_split_gap": Range(0, 1, low_open=True),
+    "policy_group_warmup_steps": Range(1),
+    "policy_group_plateau_window": Range(3),
+    "policy_group_plateau_tol": Range(0, 1e6),
+    "policy_group_fusion_start": Range(0, 1e9, low_open=True, whole_from=1),
+    "policy_group_fusion_anneal_steps": Range(0),
     "prompt_skip_target": Range(0, 1, high_open=True),
     "prompt_skip_initial_keep": Range(0, 1, low_open=True),
     "prompt_skip_adapt_step": Range(0, 1, low_open=True),

@@ -30,21 +30,29 @@ INT64_MAX = 2**63 - 1  # integer fields end up in tensors, step counters and see
 @dataclass(frozen=True)
 class Range:
     """The numbers a field accepts: [low, high], an end left out when open (`low_open`, `high_open`) and unbounded
-    when None. For an integer field only `low` is used."""
+    when None; from `whole_from` on, only whole numbers (a step count or a fraction below it). For an integer field
+    only `low` is used."""
 
     low: float | None = None
     high: float | None = None
     low_open: bool = False
     high_open: bool = False
+    whole_from: float | None = None
 
     def holds(self, value: float) -> bool:
         above = self.low is None or (value > self.low if self.low_open else value >= self.low)
         below = self.high is None or (value < self.high if self.high_open else value <= self.high)
-        return above and below
+        whole = self.whole_from is None or value < self.whole_from or float(value).is_integer()
+        return above and below and whole
 
     def text(self) -> str:
-        """'in (0, 1]', '>= 0' or '' (unbounded)."""
+        """'in (0, 1]', '>= 0', 'in (0, 10] (a whole number from 1)' or '' (unbounded)."""
         low, high = _number(self.low), _number(self.high)
+        if self.whole_from is not None:
+            return (
+                f"{Range(self.low, self.high, self.low_open, self.high_open).text()} (a whole number from "
+                f"{_number(self.whole_from)})"
+            )
         if self.low is not None and self.high is not None:
             return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
         if self.low is not None:

@@ -244,9 +244,10 @@ def metrics(trainer: TRLGRPOTrainer, mode: str) -> dict[str, list]:
 
 
 def log_total(trainer: TRLGRPOTrainer, mode: str, name: str, value: float) -> None:
-    """Log the running total `name` (a count since the start). TRL logs the mean of each metric's values since the
-    last log; the newest value is kept as the only one, so with `logging_steps > 1` the logged value is the total at
-    the last step, not the mean of the totals since the last log (0.5 for a total that went from 0 to 1)."""
+    """Log `name` as its value at the last step: a running total (a count since the start) or a state (the training
+    stage). TRL logs the mean of each metric's values since the last log; the newest value is kept as the only one,
+    so with `logging_steps > 1` the logged value is the one at the last step, not the mean since the last log (0.5
+    for a total that went from 0 to 1)."""
     metrics(trainer, mode)[name][:] = [value]
 
 

@@ -1,6 +1,6 @@
 """Dynamic policy grouping: prompts fall into policy groups (task, data source, difficulty, or k-means clusters), each
 with statistics and a weight that shape the advantages and which prompts are generated for; groups are refined,
-merged and split as training goes.
+merged and split as training goes, optionally through the stages warm-up, competition and fusion.
 
 A *policy group* is a set of prompts; it is not GRPO's *generation group* (the `num_generations` completions of one
 prompt). Settings: `GRPOConfig.policy_group_*`, `advantage_baseline`; off unless a group source is set.
@@ -11,6 +11,7 @@ prompt). Settings: `GRPOConfig.policy_group_*`, `advantage_baseline`; off unless
 * `weights`: the weight rules (`learnability`, `progress`, `deficit`).
 * `sampling`: which groups a generation batch draws its prompts from.
 * `advantages`: the `policy_group` baseline and the loss weights applied to the advantages.
+* `stages`: the training stages (warm-up, competition, fusion) and when a run moves from one to the next.
 * `state`: `PolicyGroupState`, all of the above for one run, identical on every process, checkpointed.
 * `feature`: the trainer wiring (`PolicyGroups`), which announces each regroup to the other features.
 """

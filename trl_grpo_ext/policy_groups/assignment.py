@@ -1,5 +1,6 @@
 """Assigning prompts to policy groups at the start of a run: by a dataset column, a function of the row, or k-means
-over prompt features (TF-IDF or the policy's input embeddings). Pure functions.
+over prompt features (TF-IDF or the policy's input embeddings); and each row's key (column value or function name),
+by which evaluation rows find the group that now holds their key. Pure functions.
 
 Representation everywhere: `names: list[str]` (index = group id) and `assignment: np.ndarray` of int64, shape (N,),
 the group id (0..K-1) of each dataset row. Functions return a new `(names, assignment)` and never mutate inputs.
@@ -181,3 +182,27 @@ def feature_rows(features, rows: np.ndarray):
 def centroid(features, rows: np.ndarray) -> np.ndarray:
     """Mean of the given rows of dense or sparse `features`: shape (D,)."""
     return np.asarray(feature_rows(features, rows).mean(axis=0)).ravel()
+
+
+def row_key(row: dict, fn, column: str | None) -> str | None:
+    """The key that placed a dataset row in its group at the start: `fn(row)` (`policy_group_fn`) or the row's
+    `column` value, as a string; None for k-means groups or a row the function cannot name."""
+    if fn is not None:
+        try:
+            return str(fn(row))
+        except Exception:  # an evaluation row may lack what the function reads: it is reported as unassigned
+            return None
+    if column is not None and row.get(column) is not None:
+        return str(row[column])
+    return None
+
+
+def group_of_key(keys: list[str | None], assignment: list[int], names: list[str]) -> dict[str, str]:
+    """Key -> name of the current group holding most training rows with that key, from each training row's key
+    (`row_key`) and group id (groups get split, merged and renamed during training; keys stay). {} without keys."""
+    votes: dict[str, dict[int, int]] = {}
+    for key, group in zip(keys, assignment, strict=True) if keys else ():
+        if key is not None:
+            votes.setdefault(key, {}).setdefault(group, 0)
+            votes[key][group] += 1
+    return {key: names[max(count, key=count.get)] for key, count in votes.items()}

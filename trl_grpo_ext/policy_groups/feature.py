@@ -7,7 +7,7 @@ import logging
 import torch
 from accelerate.utils import gather_object
 
-from ..config import policy_grouping_requested
+from ..config import policy_grouping_requested, stages_requested
 from ..dataset_checks import ROW_COLUMN
 from ..features import Feature, Regroup, local_rows, prompts_per_draw, total_rewards
 from ..trl_contact import log_total, loss_mask, metrics
@@ -17,8 +17,10 @@ from .assignment import (
     assign_from_callable,
     assign_from_column,
     embedding_features,
+    group_of_key,
     kmeans_groups,
     prompt_texts,
+    row_key,
     tfidf_features,
 )
 from .state import PolicyGroupState
@@ -43,6 +45,8 @@ def check_policy_group_setup(args, grouping: bool) -> None:
         "advantage_baseline": args.advantage_baseline != "prompt",
         "policy_group_refine_step": args.policy_group_refine_step is not None,
         "policy_group_regroup_steps": args.policy_group_regroup_steps is not None,
+        "policy_group_warmup_steps": args.policy_group_warmup_steps is not None,
+        "policy_group_fusion_start": args.policy_group_fusion_start is not None,
     }
     if any(changed.values()):
         fields = ", ".join(f"{name}={getattr(args, name)!r}" for name, on in changed.items() if on)
@@ -96,7 +100,9 @@ class PolicyGroups(Feature):
         for reason in merges:
             logger.warning("Policy groups: %s", reason)
         self._keys = [self._key(row) for row in dataset] if features is None else []
-        state = PolicyGroupState(names, torch.as_tensor(assignment), args.seed)
+        state = PolicyGroupState(
+            names, torch.as_tensor(assignment), args.seed, args.policy_group_warmup_steps is not None
+        )
         state.events.extend(merges)
         logger.info("Policy groups: %s", dict(zip(names, torch.bincount(state.assignment).tolist(), strict=True)))
         return state
@@ -148,30 +154,10 @@ class PolicyGroups(Feature):
             metrics(self.trainer, "eval")[f"policy_groups/{name}/reward"].append(torch.nanmean(values).item())
 
     def _key(self, row: dict) -> str | None:
-        """The key that placed a row in its group at the start (column value, or `policy_group_fn`'s name); None
-        for k-means groups or a row the function cannot name."""
-        fn, column = self.trainer.policy_group_fn, self.trainer.args.policy_group_column
-        if fn is not None:
-            try:
-                return str(fn(row))
-            except Exception:  # an evaluation row may lack what the function reads: it is reported as unassigned
-                return None
-        if column is not None and row.get(column) is not None:
-            return str(row[column])
-        return None
+        return row_key(row, self.trainer.policy_group_fn, self.trainer.args.policy_group_column)
 
     def _group_of_key(self) -> dict[str, str]:
-        """Key -> name of the current group holding most training rows with that key (groups get split, merged
-        and renamed during training; keys stay)."""
-        if not self._keys:  # k-means groups have no key
-            return {}
-        ids = self.groups.assignment.tolist()
-        votes: dict[str, dict[int, int]] = {}
-        for key, group in zip(self._keys, ids, strict=True):
-            if key is not None:
-                votes.setdefault(key, {}).setdefault(group, 0)
-                votes[key][group] += 1
-        return {key: self.groups.names[max(count, key=count.get)] for key, count in votes.items()}
+        return group_of_key(self._keys, self.groups.assignment.tolist(), self.groups.names)
 
     def advantages(self, output: dict) -> None:
         if self.trainer.model.training:
@@ -191,6 +177,7 @@ class PolicyGroups(Feature):
         state.observe(rows[:: trainer.num_generations], rewards, lengths, trainer.num_generations,
                       args.policy_group_ema, args.policy_group_progress_halflife)  # fmt: skip
         step = trainer.state.global_step
+        self.advance_stage(step, rewards)
         state.maybe_update_weights(step, args)
         self.maybe_regroup(step)
 
@@ -203,21 +190,70 @@ class PolicyGroups(Feature):
             advantages = global_advantages[local].to(advantages)
         if args.policy_group_loss_weighting:
             used = ~torch.isnan(rewards) & ~torch.isnan(lengths)  # (N,) completions TRL's policy loss uses
-            advantages = advantages * loss_weights(state.weights, group_ids, used)[local].to(advantages)
+            advantages = advantages * loss_weights(state.applied_weights, group_ids, used)[local].to(advantages)
         output["advantages"] = advantages
         output["policy_group_ids"] = group_ids[local].to(output["completion_mask"].device)
         for key, value in state.metrics().items():
             metrics(trainer, "train")[key].append(value)
-        for key, value in state.totals().items():
+        totals = state.totals()
+        if stages_requested(args):  # the stage at the logged step, not a mean of stage indices since the last log
+            totals |= {
+                "policy_groups/stage": float(state.stages.index),
+                "policy_groups/uniform_mix": state.stages.uniform_mix,
+            }
+        for key, value in totals.items():
             log_total(trainer, "train", key, value)
+
+    # -- stages
+
+    def advance_stage(self, step: int, rewards: torch.Tensor) -> None:
+        """Move the stage schedule on by this generation batch's rewards (N,) over all processes (`stages`); log each
+        stage change with its reason; at the start of fusion, merge the groups that did well."""
+        if not stages_requested(self.trainer.args):
+            return
+        valid = rewards[~torch.isnan(rewards)].double()
+        mean = float(valid.mean()) if len(valid) else float("nan")
+        std = float(valid.std()) if len(valid) > 1 else 0.0
+        stages = self.groups.stages
+        for reason in stages.advance(step, mean, std, self.trainer.args, self.trainer.state.max_steps):
+            logger.warning("Policy groups: %s", reason)
+            self.groups.events.append(reason)
+            if stages.stage == "fusion":
+                self.fusion_merges(step)
+
+    def fusion_merges(self, step: int) -> None:
+        """Merge the groups that did well, pair by pair, as `regrouping.plan_fusion_merge` plans; each merge is
+        announced."""
+        state = self.groups
+        while self._merge(regrouping.plan_fusion_merge, state.has_ema["reward"] & state.available, step, "fusion: "):
+            pass
+
+    def _merge(self, plan, seen: torch.Tensor, step: int, label: str = "") -> bool:
+        """Plan a merge by `plan` (`regrouping.plan_merge` or `plan_fusion_merge`) over the EMA reward and reward std
+        of the groups `seen` (K,) (the others never match) and make it; whether a merge was made."""
+        args, state = self.trainer.args, self.groups
+        merge = plan(
+            state.names, torch.where(seen, state.ema["reward"], torch.nan).numpy(),
+            torch.where(seen, state.ema["reward_std"], torch.nan).numpy(), args.policy_group_merge_tol,
+            args.min_policy_groups,
+        )  # fmt: skip
+        if merge is None:
+            return False
+        i, j, reason = merge
+        names, assignment = regrouping.apply_merge(state.names, state.assignment.numpy(), i, j)
+        self.regroup_to(names, assignment, f"step {step}: {label}{reason}")
+        return True
 
     # -- regrouping
 
     def maybe_regroup(self, step: int) -> None:
         """Refine at `policy_group_refine_step`; every `policy_group_regroup_steps`, merge two groups that behave
-        alike or else split one whose prompts' success rates are bimodal. Each regroup is announced."""
+        alike or else split one whose prompts' success rates are bimodal. Each regroup is announced. In warm-up
+        nothing is merged or split (the statistics are still forming); in fusion nothing is refined or split."""
         args, state = self.trainer.args, self.groups
-        if args.policy_group_refine_step is not None and not state.refined and step >= args.policy_group_refine_step:
+        stage = state.stages.stage
+        if (args.policy_group_refine_step is not None and not state.refined and step >= args.policy_group_refine_step
+                and stage != "fusion"):  # fmt: skip
             state.refined = True
             features = self._features(args.policy_group_features or "tfidf")
             names, assignment = regrouping.refine_groups(
@@ -225,22 +261,14 @@ class PolicyGroups(Feature):
                 args.max_policy_groups,
             )  # fmt: skip
             self.regroup_to(names, assignment, f"step {step}: refined {state.num_groups} groups into {len(names)}")
-        if args.policy_group_regroup_steps is None or step - state.last_regroup_step < args.policy_group_regroup_steps:
+        regroup_steps = args.policy_group_regroup_steps
+        if stage == "warmup" or regroup_steps is None or step - state.last_regroup_step < regroup_steps:
             return
         state.last_regroup_step = step
         # a group made by a split or refinement is not merged back before batches have been observed for it
-        seen = state.has_ema["reward"] & state.observed
-        merge = regrouping.plan_merge(
-            state.names, torch.where(seen, state.ema["reward"], torch.nan).numpy(),
-            torch.where(seen, state.ema["reward_std"], torch.nan).numpy(), args.policy_group_merge_tol,
-            args.min_policy_groups,
-        )  # fmt: skip
-        if merge is not None:
-            i, j, reason = merge
-            names, assignment = regrouping.apply_merge(state.names, state.assignment.numpy(), i, j)
-            self.regroup_to(names, assignment, f"step {step}: {reason}")
+        if self._merge(regrouping.plan_merge, state.has_ema["reward"] & state.observed, step):
             return
-        if state.num_groups >= args.max_policy_groups:
+        if state.num_groups >= args.max_policy_groups or stage == "fusion":
             return
         for group, name in enumerate(state.names):
             members = (state.assignment == group) & ~torch.isnan(state.prompt_success)

@@ -1,6 +1,7 @@
 """Regrouping during training: refining policy groups into k-means sub-clusters (coarse to fine), merging groups that
-behave alike, splitting a group whose prompts' success rates are bimodal. Pure functions: the `plan_*` functions
-decide, the `apply_*` ones build the new `(names, assignment)` (the representation of `assignment`).
+behave alike (at the start of fusion, among the groups that did well), splitting a group whose prompts' success rates
+are bimodal. Pure functions: the `plan_*` functions decide, the `apply_*` ones build the new `(names, assignment)` (the
+representation of `assignment`).
 
 Carrying per-group statistic arrays (shape (K,)) across a regroup is the caller's job. `state.PolicyGroupState.regroup`
 derives each new group's parents from the old and new assignments, which covers merges, splits and refinements
@@ -173,6 +174,18 @@ def plan_merge(
         f"ema_reward_std {s[i]:.3f} vs {s[j]:.3f}, both within tol={tol}"
     )
     return i, j, reason
+
+
+def plan_fusion_merge(
+    names: list[str], ema_reward: np.ndarray, ema_reward_std: np.ndarray, tol: float, min_groups: int
+) -> tuple[int, int, str] | None:
+    """At the start of fusion (`stages`): `plan_merge` among the groups that did well, those whose EMA reward is at
+    least the mean over the groups seen (NaN: not seen). Shapes (K,), reward units. Returns (i, j, reason) or None."""
+    r = np.asarray(ema_reward, dtype=float)
+    if np.isnan(r).all():
+        return None
+    well = ~np.isnan(r) & (r >= np.nanmean(r))
+    return plan_merge(names, np.where(well, r, np.nan), np.where(well, ema_reward_std, np.nan), tol, min_groups)
 
 
 def plan_split(

@@ -4,6 +4,7 @@ every process, saved in every checkpoint. The formulas it applies are in `statis
 import torch
 
 from . import sampling, statistics, weights
+from .stages import StageSchedule, toward_uniform, uniform_draw
 
 # Per-group statistics kept as EMAs (K,), all float64: mean reward, mean within-prompt reward std, fraction of
 # prompts whose completions all got the same reward, success rate (= mean reward when rewards are binary), mean
@@ -23,10 +24,12 @@ class PolicyGroupState:
         names: group names, index = group id (K).
         assignment: (num_rows,) group id of every training-dataset row.
         seed: the run's seed.
+        warmup: whether the run starts in the warm-up stage (`stages`).
     """
 
-    def __init__(self, names: list[str], assignment: torch.Tensor, seed: int):
+    def __init__(self, names: list[str], assignment: torch.Tensor, seed: int, warmup: bool = False):
         self.seed = seed
+        self.stages = StageSchedule(warmup)
         self.binary = True  # every reward seen so far was 0 or 1
         self.nan_rewards = 0
         self.generations = 0
@@ -126,13 +129,14 @@ class PolicyGroupState:
 
     def maybe_update_weights(self, step: int, args) -> bool:
         """Apply the weight rule once `policy_group_update_steps` steps have passed since the last update (every step
-        for the `learnability` rule, whose statistics are running EMAs)."""
+        for the `learnability` rule, whose statistics are running EMAs). In warm-up the rule is not applied (the
+        weights stay 1, so the first, noisy batches leave no trace in them); only the progress window moves on."""
         learnability = args.policy_group_weight_rule == "learnability"
         if not learnability and step - self.last_update_step < args.policy_group_update_steps:
             return False
         reward, seen = self.ema["reward"], self.has_ema["reward"]
         active = self.available & seen
-        if active.sum() >= 2:
+        if active.sum() >= 2 and self.stages.stage != "warmup":
             bounds = (args.policy_group_weight_min, args.policy_group_weight_max)
             if learnability:
                 self.weights = weights.learnability_weights(reward, self.noise_like(args), *bounds, active)
@@ -146,6 +150,13 @@ class PolicyGroupState:
         self.window_reward = torch.where(seen, reward, self.window_reward)
         self.last_update_step = step
         return True
+
+    @property
+    def applied_weights(self) -> torch.Tensor:
+        """(K,) the weights the loss and the draw use: the rule's weights moved toward 1 by the stage's
+        `uniform_mix` (all 1 in warm-up, the rule's in competition, annealed to 1 in fusion; `stages`)."""
+        mix = self.stages.uniform_mix
+        return self.weights if mix == 0 else toward_uniform(self.weights, mix, self.available)
 
     def _progress_z(self) -> torch.Tensor:
         """(K,) z-score of each group's learning progress since its start (`policy_groups.progress_z`). The reward
@@ -188,9 +199,12 @@ class PolicyGroupState:
             uncertainty = torch.where(self.has_ema["reward"], uncertainty, torch.full_like(uncertainty, 0.25))
         else:
             uncertainty = torch.ones_like(self.weights)
-        return sampling.sampling_probabilities(
+        probabilities = sampling.sampling_probabilities(
             self.weights, uncertainty, args.policy_group_sampling_floor, self.available
         )
+        mix = self.stages.uniform_mix  # warm-up and fusion: (toward) the prompt-proportional draw
+        sizes = torch.bincount(self.assignment, minlength=self.num_groups)
+        return probabilities if mix == 0 else uniform_draw(probabilities, sizes, mix)
 
     def draw_rows(self, num_prompts: int, args, keep=None) -> torch.Tensor:
         """Dataset rows (num_prompts,) for the next generation batch: groups drawn from `probabilities`, and within a
@@ -256,19 +270,21 @@ class PolicyGroupState:
     # ----- checkpoints and logging ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        return {key: value for key, value in vars(self).items()}
+        return {key: value.state_dict() if key == "stages" else value for key, value in vars(self).items()}
 
     def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        self.stages.load_state_dict(state.pop("stages", StageSchedule(warmup=False).state_dict()))
         vars(self).update(state)
 
     def metrics(self) -> dict[str, float]:
         """`policy_groups/<name>/{weight,reward,reward_std,zero_std_frac,entropy,progress_z}` of this step, averaged
-        over the steps since the last log; progress_z = the learning progress z-score since the group's start
-        (`_progress_z`)."""
+        over the steps since the last log; weight = the weight as applied (`applied_weights`), progress_z = the
+        learning progress z-score since the group's start (`_progress_z`)."""
         out = {}
-        progress_z = self._progress_z()
+        progress_z, applied = self._progress_z(), self.applied_weights
         for i, name in enumerate(self.names):
-            out[f"policy_groups/{name}/weight"] = float(self.weights[i])
+            out[f"policy_groups/{name}/weight"] = float(applied[i])
             for stat in ("reward", "reward_std", "zero_std_frac", "entropy"):
                 if self.has_ema[stat][i]:
                     out[f"policy_groups/{name}/{stat}"] = float(self.ema[stat][i])
