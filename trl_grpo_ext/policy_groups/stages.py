@@ -10,6 +10,9 @@ functions they follow. Shapes: K policy groups, W generation batches in the plat
                  splits, and the weights and the draw go back to uniform over `policy_group_fusion_anneal_steps`
                  steps (`fusion_mix`), so the final model is not tilted toward the group that was last behind.
 
+Stages change at generation batches (the schedule reads each batch's gathered rewards): with `steps_per_generation`
+> 1, a stage due at a global step begins at the first generation batch at or after it.
+
 Formulas:
     - trend of the overall reward: the least-squares line through the last W generation batches' mean rewards
       r_0..r_{W-1}; its rise over the window is b·(W−1), b = Σ(t − t̄)(r_t − r̄) / Σ(t − t̄)², with standard error
