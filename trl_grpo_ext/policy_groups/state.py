@@ -203,8 +203,9 @@ class PolicyGroupState:
             self.weights, uncertainty, args.policy_group_sampling_floor, self.available
         )
         mix = self.stages.uniform_mix  # warm-up and fusion: (toward) the prompt-proportional draw
-        sizes = torch.bincount(self.assignment, minlength=self.num_groups)
-        return probabilities if mix == 0 else uniform_draw(probabilities, sizes, mix)
+        if mix == 0:
+            return probabilities
+        return uniform_draw(probabilities, torch.bincount(self.assignment, minlength=self.num_groups), mix)
 
     def draw_rows(self, num_prompts: int, args, keep=None) -> torch.Tensor:
         """Dataset rows (num_prompts,) for the next generation batch: groups drawn from `probabilities`, and within a
