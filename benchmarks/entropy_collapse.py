@@ -45,7 +45,9 @@ def digit_reward(completions, **kwargs) -> list[float]:
     return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in texts]
 
 
-def run(option: str, model_dir: str, seed: int, max_steps: int, output_dir: str) -> dict:
+def run(option: str, model_dir: str, seed: int, max_steps: int, output_dir: str, keep_log: bool = False) -> dict:
+    """One run of `option`: its entropy, reward and coefficient per step (and with `keep_log`, its whole
+    `log_history`, which benchmarks/doctor_detection.py reads)."""
     trainer_cls, config_cls, extra = OPTIONS[option]
     args = config_cls(
         output_dir=output_dir, per_device_train_batch_size=16, num_generations=8, max_completion_length=8,
@@ -63,6 +65,7 @@ def run(option: str, model_dir: str, seed: int, max_steps: int, output_dir: str)
         "entropy": [row["entropy"] for row in rows],
         "reward": [row["reward"] for row in rows],
         "coef": [row.get("entropy_reg/coef", row.get("entropy_coef")) for row in rows],
+        **({"log": trainer.state.log_history} if keep_log else {}),
     }
 
 

@@ -71,7 +71,11 @@ RUNS = {
 }
 
 
-def run(name: str, model_dir: str, seed: int, max_steps: int, factor: float, output_dir: str) -> dict:
+def run(
+    name: str, model_dir: str, seed: int, max_steps: int, factor: float, output_dir: str, keep_log: bool = False
+) -> dict:
+    """One run of `name` with spikes of `factor` (with `keep_log`, also its whole `log_history`, which
+    benchmarks/doctor_detection.py reads)."""
     trainer_cls, config_cls, extra = RUNS[name]
     args = config_cls(
         output_dir=output_dir, per_device_train_batch_size=16, num_generations=8, max_completion_length=8,
@@ -97,6 +101,7 @@ def run(name: str, model_dir: str, seed: int, max_steps: int, factor: float, out
         "max_update_all_steps": max(updates),
         "final_reward": statistics.mean(row["reward"] for row in rows[-10:]),
         "spike_steps": [s for s in range(1, max_steps + 1) if s % SPIKE_EVERY == 0],
+        **({"log": trainer.state.log_history} if keep_log else {}),
     }
 
 

@@ -180,8 +180,10 @@ def run(job: dict) -> dict:
         final = trainer.state.global_step
         counts = [row for row in trainer.state.log_history if any(k.endswith("/count") for k in row)]
         prompts = {k.split("/")[1]: v for k, v in (counts[-1] if counts else {}).items() if k.endswith("/count")}
+        # `keep_log`: the policy-group metrics of every row; "all": every row as logged (doctor_detection.py)
         logs = [{k: v for k, v in row.items() if k == "step" or k.startswith("policy_groups/")}
                 for row in trainer.state.log_history] if job.get("keep_log") else None  # fmt: skip
+        logs = trainer.state.log_history if job.get("keep_log") == "all" else logs
     curve = learnable_curve(reward.evals, learnable)
     reached = steps_to(curve, threshold)
     tokens = sum(n for step, n in reward.tokens.items() if reached is None or step < reached)

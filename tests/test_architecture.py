@@ -74,6 +74,7 @@ def test_task_support_and_the_estimator_stay_out_of_the_trainer_core():
     core = [PACKAGE / name for name in names]
     core += [path for folder in ("policy_groups", "entropy", "grad_reg", "generation")
              for path in (PACKAGE / folder).glob("*.py")]  # fmt: skip
+    core += list((PACKAGE / "doctor").glob("*.py"))
     for path in core:
         bad = [name for name in _imports(path) if "gsm8k" in name or "consumer_gpu" in name]
         assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"

@@ -92,6 +92,7 @@ FIELDS = {
     "generation_compile": ([], [True, False, "false", "1"], {}, "true or false"),
     "generation_max_prompt_length": ([], [None, 1], {}, INT_1 + ", or None"),
     "generation_lora_merge": ([], ["none", "inplace", "copy"], {}, "one of ['none', 'inplace', 'copy']"),
+    "run_doctor": ([], [True, False, "true", "0"], {}, "true or false"),
 }  # fmt: skip
 
 CASES = [(name, label) for name in FIELDS for label in WRONG]
@@ -134,6 +135,7 @@ def test_each_field_takes_its_edge_values(tmp_path, name):
             "generation_compile",
             "prompt_skip",
             "policy_group_warmup_plateau",
+            "run_doctor",
         ):
             assert getattr(config, name) is (value in ("true", "1"))  # read as TrlParser reads a bool
         elif name in ("entropy_reg", "grad_reg"):

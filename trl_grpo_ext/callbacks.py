@@ -17,8 +17,6 @@ COLUMNS = (
 )
 PLOT_NAME = "training_curves.png"
 GROUPS_PLOT_NAME = "policy_groups.png"
-# kept in the history too
-EXTENSION_METRICS = ("policy_groups/", "prompt_skip/", "entropy_reg/", "grad_reg/", "kl_coef", "fast_generation/")
 HISTORY_NAME = "training_metrics.jsonl"
 
 
@@ -27,8 +25,8 @@ class MetricsTableCallback(TrainerCallback):
 
     Rows come from the logs TRL's `GRPOTrainer` writes (`reward`, `reward_std`, `entropy` in nats per token,
     `completions/mean_length` in tokens, `step_time` in seconds), so `logging_steps=1` gives a row per step. At the end
-    of training the main process writes `<output_dir>/training_metrics.jsonl` (one logged row a line) and
-    `<output_dir>/training_curves.png`.
+    of training the main process writes `<output_dir>/training_metrics.jsonl` (one logged row a line, every value
+    logged at that step: TRL's, this package's, the run doctor's) and `<output_dir>/training_curves.png`.
     """
 
     def __init__(self):
@@ -42,8 +40,7 @@ class MetricsTableCallback(TrainerCallback):
             return
         if "reward" not in logs:
             return
-        row = {"step": state.global_step, **{key: logs.get(key) for key, _, _ in COLUMNS}}
-        row.update({key: value for key, value in logs.items() if key.startswith(EXTENSION_METRICS)})
+        row = {"step": state.global_step, **{key: logs.get(key) for key, _, _ in COLUMNS}, **logs}
         if not self.rows:
             print(" ".join(["step".rjust(5), *(title.rjust(len(fmt.format(0.0))) for _, title, fmt in COLUMNS)]))
         self.rows.append(row)

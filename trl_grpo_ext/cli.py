@@ -4,6 +4,7 @@
     trl-grpo-ext tiny-model OUTPUT_DIR [--seed N] [--force]        # a tiny random-init Qwen2 model, no download
     trl-grpo-ext memory --config file.yaml [--card-gib 8]          # estimated peak GPU memory, term by term
     trl-grpo-ext export RUN_DIR OUT_DIR [--dtype auto] [--force]   # a run's LoRA adapter merged into its base
+    trl-grpo-ext doctor RUN_DIR [--png FILE] [--no-png]             # why a run is not learning, and what to change
 
 `grpo` takes every argument of TRL's `trl grpo` (script arguments, `GRPOConfig` with this package's fields, and
 `ModelConfig`); for several processes run it as `accelerate launch -m trl_grpo_ext.cli grpo ...`. It checks the
@@ -136,7 +137,40 @@ def _export(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"grpo": _grpo, "tiny-model": _tiny_model, "memory": _memory, "export": _export}
+def _doctor(argv: list[str]) -> int:
+    from .doctor.checks import CHECKS, diagnose
+    from .doctor.run_dir import load_run
+
+    parser = argparse.ArgumentParser(
+        prog="trl-grpo-ext doctor",
+        description="The run doctor's checks on a GRPO run's output folder (finished or running): a short report of "
+        "what is wrong, with the evidence and the setting to change, and one PNG dashboard of the run. "
+        "Exit code 0 whether or not there are findings (1: the folder holds no GRPO log).",
+        epilog=entry_points.DEBUG_HELP,
+    )
+    parser.add_argument("run_dir", help="the run's output_dir (or one trainer_state.json / training_metrics.jsonl)")
+    parser.add_argument("--png", help="where to write the dashboard (default: RUN_DIR/doctor.png)")
+    parser.add_argument("--no-png", action="store_true", help="print the report only")
+    parser.add_argument("--checks", nargs="+", choices=sorted(CHECKS), help="run only these checks (default: all)")
+    args = parser.parse_args(argv)
+    run = load_run(args.run_dir)  # RunDirError (a ValueError): one line
+    diagnosis = diagnose(run.rows, checks=args.checks)
+    print(f"{args.run_dir}: read {', '.join(run.sources)}")
+    for note in run.notes:
+        print(f"note: {note}")
+    print(diagnosis.report())
+    if not args.no_png:
+        from .doctor.dashboard import plot_dashboard
+
+        run_dir = Path(args.run_dir)
+        png = Path(args.png) if args.png else (run_dir if run_dir.is_dir() else run_dir.parent) / "doctor.png"
+        if png.parent and not png.parent.is_dir():
+            raise ValueError(f"--png {png}: the folder {png.parent} does not exist")
+        print(f"Saved {plot_dashboard(run.rows, diagnosis, str(png), title=run_dir.resolve().name)}")
+    return 0
+
+
+COMMANDS = {"grpo": _grpo, "tiny-model": _tiny_model, "memory": _memory, "export": _export, "doctor": _doctor}
 USAGE = f"usage: trl-grpo-ext [--debug] {{{','.join(COMMANDS)}}} ...  (trl-grpo-ext --help: what each does)"
 
 

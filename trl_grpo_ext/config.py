@@ -276,6 +276,18 @@ class GRPOConfig(TRLGRPOConfig):
             compute dtype (for QLoRA, the dequantized base), sharing every other tensor with the policy and refreshed
             once per optimizer step (GPU memory: one compute-dtype copy of the adapted layers). Needs a PEFT LoRA
             model.
+
+        > Parameters that control the run doctor
+
+        run_doctor (`bool`, *optional*, defaults to `False`):
+            Check the logged metrics at every log for the known ways a GRPO run wastes its steps (no learning
+            signal, overall and per policy group; truncation; entropy collapse or explosion; KL runaway; format-only
+            learning; a reward plateau; non-finite values; gradient-norm spikes; generation-bound steps; CUDA memory
+            headroom) and warn once per finding with its evidence and the setting to change
+            (`trl_grpo_ext.doctor.DoctorCallback`). Also logs `timing/generation` and `timing/scoring` (seconds per
+            optimizer step spent in `model.generate` and in scoring: rewards and log-probabilities) and, on CUDA,
+            `memory/peak_reserved_gib` and `memory/total_gib`. Training is unchanged. `trl-grpo-ext doctor RUN_DIR`
+            runs the same checks on a run's output folder.
     """
 
     policy_group_column: str | None = field(
@@ -483,6 +495,14 @@ class GRPOConfig(TRLGRPOConfig):
             "base weights, restored bit for bit from host memory), copy (a separate merged generation model; for "
             "QLoRA the dequantized base).",
             "choices": list(GENERATION_LORA_MERGE),
+        },
+    )
+    run_doctor: bool = field(
+        default=False,
+        metadata={
+            "help": "Check the logged metrics at every log for the known ways a GRPO run wastes its steps and warn "
+            "once per finding with the setting to change; also logs timing/generation, timing/scoring and, on CUDA, "
+            "memory/peak_reserved_gib and memory/total_gib. Training is unchanged."
         },
     )
 

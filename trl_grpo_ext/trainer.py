@@ -19,6 +19,7 @@ from trl.trainer.utils import get_config_model_id
 
 from .config import GRPOConfig, TRLGRPOConfig, policy_grouping_requested
 from .dataset_checks import check_dataset_columns, with_row_column
+from .doctor.feature import RunDoctor
 from .entropy.feature import EntropyReg
 from .features import Feature, Regroup
 from .generation.feature import FastGenerationFeature
@@ -39,7 +40,7 @@ from .trl_contact import GRPOLoopState, TRLContact, output_dir, stop_memory_trac
 logger = logging.getLogger(__name__)
 
 # The features, in the order they are built (each `build` returns None when its settings are off).
-FEATURES = (PolicyGroups, PromptSkip, EntropyReg, GradReg, FastGenerationFeature)
+FEATURES = (PolicyGroups, PromptSkip, EntropyReg, GradReg, FastGenerationFeature, RunDoctor)
 
 # Which features act at each point of a training step, in this order (`features` says what each point is). Within a
 # point the order matters where one feature reads what another wrote: the policy groups reweight the advantages
@@ -50,12 +51,12 @@ STEP = {
     "prompt_filter": ("prompt_skip",),
     # the first that draws the batch: per policy group, else (no groups, or their `uniform` order) uniformly
     "generation_batch": ("policy_groups", "prompt_skip"),
-    # static cache, compiled decode step, merged LoRA weights
-    "generation": ("fast_generation",),
+    # timed (around all of it); static cache, compiled decode step, merged LoRA weights
+    "generation": ("doctor", "fast_generation"),
     # rows and rewards noted; which completions some reward function scored
     "rewards": ("policy_groups", "prompt_skip", "entropy_reg"),
-    # statistics, weights, regroup, reweighted advantages; each prompt's history; the scored mask
-    "advantages": ("policy_groups", "prompt_skip", "entropy_reg"),
+    # statistics, weights, regroup, reweighted advantages; each prompt's history; the scored mask; the timings
+    "advantages": ("policy_groups", "prompt_skip", "entropy_reg", "doctor"),
     # the accumulation window planned (Clip-Cov/KL-Cov tokens); this step's β
     "loss_start": ("entropy_reg", "grad_reg"),
     # entropies and log-probabilities noted; advantages shifted, Clip-Cov's tokens detached
@@ -110,6 +111,10 @@ class GRPOTrainer(TRLContact):
     Fast generation (off unless `GRPOConfig.generation_compile` or `generation_lora_merge` is set;
     `trl_grpo_ext.generation`): a static KV cache with a compiled decode step, and generation from LoRA weights merged
     in place (restored bit for bit) or into a separate generation copy (`self.fast_generation`).
+
+    Run doctor (off unless `GRPOConfig.run_doctor` is set; `trl_grpo_ext.doctor`): the logged metrics checked at
+    every log for the known ways a run wastes its steps, each finding warned once with the setting to change; the
+    generation and scoring times and the CUDA memory logged for it. Training is unchanged.
 
     The features that are on are in `self.features` (name -> `features.Feature`, built in `FEATURES` order); each
     acts at the points of a step that `STEP` lists for it, called by this class's hooks and nowhere else.

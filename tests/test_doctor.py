@@ -1,0 +1,358 @@
+"""The run doctor (issue #19): its windows and trends against hand-computed values, each check on logs made to
+fail and on their healthy twins, the callback (once per finding, the same findings as the command), the trainer
+side (`run_doctor`: timings logged, training unchanged), and `trl-grpo-ext doctor` on good and bad folders."""
+
+import json
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from datasets import Dataset
+
+from tests.conftest import length_reward, small_grpo_kwargs
+from trl_grpo_ext import GRPOConfig, GRPOTrainer, cli
+from trl_grpo_ext.doctor import CHECKS, DoctorCallback, diagnose
+from trl_grpo_ext.doctor import callback as callback_module
+from trl_grpo_ext.doctor import series as S
+from trl_grpo_ext.doctor.checks import Run, Skip, _direction
+from trl_grpo_ext.doctor.thresholds import THRESHOLDS
+from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
+from trl_grpo_ext.policy_groups.stages import reward_rise
+
+
+def log(steps: int = 60, every: int = 1, **metrics) -> list[dict]:
+    """Rows of a healthy-looking run (rising reward with spread, steady entropy, a few truncated completions), with
+    `metrics` (name -> a constant, or a function of the step array) replacing or adding series."""
+    rng = np.random.default_rng(0)
+    t = np.arange(1, steps + 1)
+    base = {
+        "reward": 0.2 + 0.5 * t / steps + rng.normal(0, 0.02, steps),
+        "reward_std": 0.4,
+        "frac_reward_zero_std": 0.3,
+        "entropy": 0.8 + rng.normal(0, 0.01, steps),
+        "completions/clipped_ratio": 0.05,
+        "completions/max_length": 256.0,
+        "grad_norm": 0.3 * np.exp(rng.normal(0, 0.2, steps)),
+        "step_time": 10.0,
+    }
+    for name, values in metrics.items():
+        base[name] = values(t) if callable(values) else values
+    columns = {name: np.broadcast_to(np.asarray(v, dtype=np.float64), (steps,)) for name, v in base.items()}
+    return [
+        {"step": int(t[i]), **{name: float(v[i]) for name, v in columns.items()}}
+        for i in range(every - 1, steps, every)
+    ]
+
+
+def checks_found(rows, check: str, settings=None) -> list:
+    return [f for f in diagnose(rows, settings).findings if f.check == check]
+
+
+# ----- windows and trends -----------------------------------------------------------------------------------------
+
+
+def test_rolling_rise_is_the_least_squares_rise_of_each_window():
+    values = np.array([0.1, 0.4, 0.2, 0.8, 0.5, 0.9, 1.3])
+    rises, se = S.rolling_rise(values, 4)
+    assert len(rises) == 4
+    for i in range(4):  # the same line as the stages' trend test, window by window
+        expected = reward_rise(torch.tensor(values[i : i + 4]))
+        torch.testing.assert_close((rises[i], se[i]), expected)
+    # a straight line rises by slope·(W−1) with no error: 0.5·3 = 1.5
+    rise, error = S.rolling_rise(np.arange(5) * 0.5, 4)
+    np.testing.assert_allclose(rise, 1.5)
+    np.testing.assert_allclose(error, 0.0, atol=1e-7)
+
+
+def test_rolling_mean_leaves_out_nans_and_windows_follow_the_logging_interval():
+    np.testing.assert_allclose(S.rolling_mean(np.array([1.0, np.nan, 3.0, 5.0]), 2), [1.0, 3.0, 4.0])
+    assert S.window_rows(np.arange(1, 100), 20) == 20  # logged every step: 20 rows
+    assert S.window_rows(np.arange(5, 500, 5), 20) == 4  # every 5 steps: 4 rows
+    assert S.window_rows(np.arange(10, 500, 10), 20) == 3  # never fewer than 3
+    assert S.first_window(np.array([False, False, True, True]), 3) == 4  # the window [2, 4] ends at row 4
+
+
+@pytest.mark.parametrize(("reward", "kind"), [(0.9, "all-correct"), (0.1, "all-wrong"), (0.5, "mixed")])
+def test_a_group_without_signal_is_placed_in_the_runs_reward_range(reward, kind):
+    assert _direction(reward, 0.0, 1.0) == kind  # top quarter, bottom quarter, between
+    assert _direction(reward, 0.3, 0.3) == "constant"
+
+
+# ----- each check: a failing log and its healthy twin ---------------------------------------------------------------
+
+
+def test_a_healthy_log_has_no_finding():
+    diagnosis = diagnose(log(120))
+    assert diagnosis.findings == [] and diagnosis.rows == 120
+    # what it could not check, and why: no kl (beta 0), no timings or memory (run_doctor off)
+    assert {skip.check for skip in diagnosis.skipped} >= {"kl_runaway", "generation_bound", "memory"}
+
+
+def test_no_signal_says_all_wrong_and_where_it_starts():
+    rows = log(60, frac_reward_zero_std=lambda t: np.where(t > 20, 1.0, 0.3),
+               reward=lambda t: np.where(t > 20, 0.0, 0.2 + 0.01 * t))  # fmt: skip
+    [finding] = checks_found(rows, "no_signal")
+    assert "all-wrong" in finding.title and finding.subject == "run"
+    # the mean over 40 rows reaches 0.95 at step 58: (2·0.3 + 38·1.0) / 40 = 0.965; at 57, (3·0.3 + 37) / 40 = 0.9475
+    assert finding.step == 58
+    assert "num_generations" in finding.suggestion
+    assert "num_generations (now 8)" in checks_found(rows, "no_signal", {"num_generations": 8})[0].suggestion
+
+
+def test_no_signal_in_one_policy_group_says_it_is_solved():
+    groups = {"policy_groups/solved/zero_std_frac": 1.0, "policy_groups/solved/reward": 1.0,
+              "policy_groups/hard/zero_std_frac": 0.4, "policy_groups/hard/reward": lambda t: t / 100}  # fmt: skip
+    rows = log(60, **groups)
+    [finding] = checks_found(rows, "no_signal")
+    assert finding.subject == "policy group 'solved'" and "all-correct" in finding.title
+    assert "prompt_skip=True" in finding.suggestion
+
+
+def test_truncation_that_falls_is_not_reported_and_truncation_that_stays_is():
+    assert checks_found(log(60, **{"completions/clipped_ratio": lambda t: np.maximum(0.9 - 0.03 * t, 0)}),
+                        "truncation") == []  # fmt: skip
+    [finding] = checks_found(log(60, **{"completions/clipped_ratio": 0.4}), "truncation")
+    assert "max_completion_length (now 256) to about 512" in finding.suggestion  # read off completions/max_length
+
+
+def test_entropy_collapse_and_explosion():
+    [collapse] = checks_found(log(80, entropy=lambda t: 0.8 * np.exp(-t / 10) + 0.01), "entropy_collapse")
+    assert "entropy_reg=target" in collapse.suggestion
+    [explosion] = checks_found(log(80, entropy=lambda t: 0.5 + 0.05 * t), "entropy_explosion")
+    assert explosion.check == "entropy_explosion"
+    assert checks_found(log(80, entropy=lambda t: 0.8 - 0.004 * t), "entropy_collapse") == []  # 0.8 -> 0.48
+
+
+def test_kl_runaway_needs_a_large_and_rising_kl():
+    [finding] = checks_found(log(80, kl=lambda t: 0.01 * np.exp(t / 12)), "kl_runaway")
+    assert "beta" in finding.suggestion
+    assert checks_found(log(80, kl=0.6), "kl_runaway") == []  # large but steady: a policy that moved and stays
+    assert checks_found(log(80, kl=lambda t: 0.0005 * t), "kl_runaway") == []  # rising but small (0.04)
+
+
+def test_format_only_waits_for_the_accuracy_to_follow():
+    def fmt(t):
+        return np.minimum(0.1 + 0.03 * t, 0.9)  # learnt by step 27
+
+    only = log(100, **{"rewards/format_reward/mean": fmt, "rewards/accuracy_reward/mean": 0.05})
+    [finding] = checks_found(only, "format_only")
+    assert finding.step > 40 and "accuracy" in finding.suggestion
+    follows = log(
+        100, **{"rewards/format_reward/mean": fmt, "rewards/accuracy_reward/mean": lambda t: 0.05 + 0.004 * t}
+    )
+    assert checks_found(follows, "format_only") == []
+    skip = next(s for s in diagnose(log(100)).skipped if s.check == "format_only")
+    assert "named *format*" in skip.reason
+
+
+def test_reward_plateau_with_signal_but_not_without():
+    flat = log(80, reward=lambda t: 0.3 + 0.01 * np.sin(t))
+    [finding] = checks_found(flat, "reward_plateau")
+    assert "learning_rate" in finding.suggestion
+    no_signal = log(80, reward=0.0, reward_std=0.0, frac_reward_zero_std=1.0)
+    assert checks_found(no_signal, "reward_plateau") == []  # that is no_signal's finding
+
+
+def test_nonfinite_values_and_skipped_steps():
+    rows = log(30)
+    rows[9]["grad_norm"], rows[12]["reward"] = float("nan"), float("inf")
+    rows[-1]["grad_reg/skipped_steps"] = 2.0
+    [finding] = checks_found(rows, "nonfinite")
+    assert (
+        finding.step == 10
+        and "grad_reg/skipped_steps 2" in finding.evidence
+        and "reward not finite" in finding.evidence
+    )
+    rows = log(30)
+    rows[5]["reward"] = None  # TRL's "no completion had a valid reward" (every function returned None): not a finding
+    assert checks_found(rows, "nonfinite") == []
+
+
+def test_grad_spikes_against_the_recent_median_ignoring_steps_without_signal():
+    rows = log(40)
+    rows[25]["grad_norm"] *= 30
+    [finding] = checks_found(rows, "grad_spikes")
+    assert finding.step == 26
+    quiet = log(40, grad_norm=lambda t: np.where((t > 10) & (t < 30), 0.0, 0.3))  # zero norms: no signal, no spike
+    assert checks_found(quiet, "grad_spikes") == []
+
+
+def test_generation_bound_and_its_skip_without_timings():
+    rows = log(40, **{"timing/generation": 9.5, "timing/scoring": 0.2})
+    [finding] = checks_found(rows, "generation_bound", {"generation_compile": True, "use_vllm": False})
+    assert "95%" in finding.title and "use_vllm=True" in finding.suggestion
+    assert "generation_compile" not in finding.suggestion  # already on
+    assert checks_found(log(40, **{"timing/generation": 6.0}), "generation_bound") == []
+    skip = next(s for s in diagnose(log(40)).skipped if s.check == "generation_bound")
+    assert "run_doctor=True" in skip.reason
+
+
+def test_memory_headroom_both_ways():
+    [high] = checks_found(log(40, **{"memory/peak_reserved_gib": lambda t: 20 + t / 10, "memory/total_gib": 24.0}),
+                          "memory")  # fmt: skip
+    assert "nearly full" in high.title and high.step == 28  # 20 + 28 / 10 = 22.8 = 0.95 · 24, the first step there
+    [low] = checks_found(log(40, **{"memory/peak_reserved_gib": 5.0, "memory/total_gib": 24.0}), "memory")
+    assert "mostly unused" in low.title
+    assert checks_found(log(40, **{"memory/peak_reserved_gib": 15.0, "memory/total_gib": 24.0}), "memory") == []
+
+
+def test_short_logs_and_unknown_checks_are_said_not_guessed():
+    diagnosis = diagnose(log(5))
+    assert diagnosis.findings == []
+    reasons = {skip.check: skip.reason for skip in diagnosis.skipped}
+    assert reasons["no_signal"] == "needs 40 logged rows of `frac_reward_zero_std`, the log has 5"
+    with pytest.raises(ValueError, match=r"unknown run doctor check\(s\) \['nope'\]"):
+        diagnose(log(5), checks=["nope"])
+    assert isinstance(CHECKS["kl_runaway"](Run(log(30))), Skip)  # beta 0: no kl logged
+
+
+def test_every_threshold_has_a_source():
+    for name, threshold in THRESHOLDS.items():
+        assert threshold.source and threshold.meaning and threshold.unit, name
+
+
+# ----- the callback -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget", [1e9, callback_module.BUDGET], ids=["every log", "default budget"])
+def test_callback_warns_once_per_finding_at_the_step_the_command_reports(caplog, tmp_path, monkeypatch, budget):
+    monkeypatch.setattr(callback_module, "BUDGET", budget)
+    rows = log(60, frac_reward_zero_std=lambda t: np.where(t > 20, 1.0, 0.3),
+               reward=lambda t: np.where(t > 20, 0.0, 0.2 + 0.01 * t),
+               **{"completions/clipped_ratio": 0.5})  # fmt: skip
+    callback = DoctorCallback()
+    args = SimpleNamespace(output_dir=str(tmp_path), num_generations=4)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=0, log_history=[])
+    callback.on_train_begin(args, state, None)
+    warned_at = {}
+    with caplog.at_level(logging.WARNING, logger="trl_grpo_ext.doctor.callback"):
+        for row in rows:
+            state.global_step = row["step"]
+            before = len(callback.findings)
+            callback.on_log(args, state, None, logs={k: v for k, v in row.items() if k != "step"})
+            for finding in callback.findings[before:]:
+                warned_at[finding.key] = row["step"]
+        callback.on_train_end(args, state, None)
+    offline = diagnose(rows, {"num_generations": 4}).findings
+    expected = {("truncation", "run"): 40, ("no_signal", "run"): 58}  # 40: the first full 40-step window
+    assert {f.key: f.step for f in offline} == {f.key: f.step for f in callback.findings} == expected
+    if budget > 1:  # checked at every log: each warned at the log where it first holds
+        assert warned_at == expected
+    else:  # here no training time passes between logs, so the 0.5% budget defers the checks, and nothing is lost
+        assert all(warned_at.get(key, 60) >= step for key, step in expected.items())
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 3 and "2 finding(s) (no_signal, truncation)" in warnings[-1]  # two findings, one summary
+
+
+# ----- the trainer side ---------------------------------------------------------------------------------------------
+
+
+def _train(model_dir, output_dir, reward, **overrides):
+    dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(8, seed=0)))
+    args = GRPOConfig(**small_grpo_kwargs(output_dir, **overrides))
+    trainer = GRPOTrainer(model=model_dir, reward_funcs=[reward], args=args,
+                          train_dataset=dataset)  # fmt: skip
+    trainer.train()
+    return trainer
+
+
+def test_run_doctor_logs_the_step_time_split_and_leaves_training_unchanged(tiny_model_dir, tmp_path):
+    plain = _train(tiny_model_dir, tmp_path / "plain", length_reward)
+    doctor = _train(tiny_model_dir, tmp_path / "doctor", length_reward, run_doctor=True)
+    assert sum(isinstance(c, DoctorCallback) for c in doctor.callback_handler.callbacks) == 1
+    assert not any(isinstance(c, DoctorCallback) for c in plain.callback_handler.callbacks)
+    for name, p in plain.model.named_parameters():  # the doctor only reads and times
+        torch.testing.assert_close(p, doctor.model.get_parameter(name), rtol=0, atol=0)
+    rows = [row for row in doctor.state.log_history if "reward" in row]
+    assert len(rows) == 3
+    for row in rows:
+        assert 0 < row["timing/generation"] < row["step_time"] and 0 < row["timing/scoring"] < row["step_time"]
+        assert "memory/peak_reserved_gib" not in row  # CPU
+    assert not any("timing/generation" in row for row in plain.state.log_history)
+
+
+def test_a_run_without_signal_is_warned_about_while_it_trains(tiny_model_dir, tmp_path, caplog):
+    def constant(completions, **kwargs):  # every completion scores alike: no advantage anywhere
+        return [0.0] * len(completions)
+
+    with caplog.at_level(logging.WARNING, logger="trl_grpo_ext.doctor.callback"):
+        trainer = _train(tiny_model_dir, tmp_path / "out", constant, run_doctor=True, max_steps=40,
+                         per_device_train_batch_size=4, max_completion_length=8)  # fmt: skip
+    [callback] = [c for c in trainer.callback_handler.callbacks if isinstance(c, DoctorCallback)]
+    # both hold from the start, so both come at the end of the first 40-step window; the random model's completions
+    # all run to max_completion_length too
+    assert {(f.check, f.step) for f in callback.findings} == {("no_signal", 40), ("truncation", 40)}
+    assert "no learning signal (constant)" in caplog.text and "check that the reward functions" in caplog.text
+
+
+# ----- the command --------------------------------------------------------------------------------------------------
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and len(lines) == 1, err
+    return lines[0]
+
+
+def test_doctor_command_reports_and_draws_the_dashboard(tmp_path, capsys):
+    rows = log(60, **{"completions/clipped_ratio": 0.5})
+    (tmp_path / "training_metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert cli.main(["doctor", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "60 logged training steps, up to step 60: 1 finding(s)" in out and "[truncation]" in out
+    assert "kl_runaway: needs `kl` in the log" in out  # skipped, and why
+    png = (tmp_path / "doctor.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 50_000
+
+
+def test_doctor_reads_the_newest_readable_checkpoint_of_a_running_run(tmp_path, capsys):
+    for step, text in ((20, json.dumps({"log_history": log(20)})), (40, '{"log_history": [')):  # 40: being written
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(text)
+    assert cli.main(["doctor", str(tmp_path), "--no-png"]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoint-20/trainer_state.json" in out and "checkpoint-40/trainer_state.json: not readable JSON" in out
+    assert "20 logged training steps, up to step 20" in out
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda d: d / "nope", "does not exist: give a run's output_dir"),
+        (lambda d: d, "holds no training log: looked for trainer_state.json"),
+        (
+            lambda d: (
+                (d / "trainer_state.json").write_text(
+                    json.dumps({"log_history": [{"step": 5, "loss": 1.2, "grad_norm": 3.0, "learning_rate": 2e-5}]})
+                )
+                and d
+            ),
+            "not a GRPO run's log: its rows have none of ['reward', 'frac_reward_zero_std'] (they log ['grad_norm', ",
+        ),
+        (
+            lambda d: (d / "trainer_state.json").write_text(json.dumps({"log_history": []})) and d,
+            "the log has no logged step yet",
+        ),
+        (lambda d: (d / "trainer_state.json").write_text("not json") and d, "no readable training log"),
+    ],
+    ids=["missing", "empty", "another trainer", "no step yet", "unreadable"],
+)
+def test_doctor_command_bad_folders_are_one_line(tmp_path, capsys, make, message):
+    folder = make(tmp_path)
+    assert cli.main(["doctor", str(folder)]) == 1
+    line = _error(capsys)
+    assert line.startswith("trl-grpo-ext doctor: error: ") and message in line
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_run_doctor_logs_the_cuda_memory_headroom(tiny_model_dir, tmp_path):
+    trainer = _train(tiny_model_dir, tmp_path / "out", length_reward, run_doctor=True, use_cpu=False, bf16=True)
+    rows = [row for row in trainer.state.log_history if "reward" in row]
+    total = torch.cuda.get_device_properties(0).total_memory / 2**30
+    for row in rows:
+        assert 0 < row["memory/peak_reserved_gib"] <= row["memory/total_gib"] == pytest.approx(total)
+    assert not any(skip.check == "memory" for skip in diagnose(trainer.state.log_history).skipped)

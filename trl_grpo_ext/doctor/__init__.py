@@ -1,0 +1,20 @@
+"""The run doctor: why a GRPO run is not learning, and what to change.
+
+    `checks`      the checks (`CHECKS`, a registry by name), each reading the logged metrics of a run and returning
+                  findings with their evidence and a suggestion, or saying why it was skipped; `diagnose` runs them
+    `thresholds`  every threshold the checks use, with the source it comes from (`THRESHOLDS`)
+    `series`      the logged rows as arrays: training rows, one metric's values, windows of steps, trends
+    `run_dir`     a run folder's logs (`trainer_state.json` in it and in its checkpoints, the recipe's
+                  `training_metrics.jsonl`) read into rows, with clear errors for a missing, partial or foreign run
+    `dashboard`   one PNG of the run at a glance (`plot_dashboard`)
+    `callback`    `DoctorCallback`: the checks during training, each finding warned once
+    `feature`     the trainer side (`GRPOConfig.run_doctor`): times generation and scoring, reads CUDA memory, adds the
+                  callback
+
+The command `trl-grpo-ext doctor RUN_DIR` runs the same checks on a finished or running output folder.
+"""
+
+from .callback import DoctorCallback
+from .checks import CHECKS, Diagnosis, Finding, diagnose
+
+__all__ = ["CHECKS", "Diagnosis", "DoctorCallback", "Finding", "diagnose"]

@@ -1,0 +1,106 @@
+"""`DoctorCallback`: the run doctor's checks during training, each finding warned once."""
+
+import logging
+import time
+
+from transformers import TrainerCallback
+
+from .checks import CHECKS, Finding, diagnose
+from .series import Columns, training_rows
+
+logger = logging.getLogger(__name__)
+
+# the settings the checks' suggestions quote ("raise num_generations (now 4)")
+# the share of the training time the checks may take: a log at which they have used more is only recorded, and checked
+# at a later one (the checks scan the whole log, so a finding is then warned later with the same step and evidence)
+BUDGET = 0.005
+SETTINGS = ("num_generations", "temperature", "learning_rate", "beta", "max_completion_length", "max_grad_norm",
+            "per_device_train_batch_size", "use_vllm", "generation_compile", "generation_lora_merge")  # fmt: skip
+
+
+def settings_of(args) -> dict:
+    """The values of `SETTINGS` on a `GRPOConfig` (those it has)."""
+    settings = {name: getattr(args, name) for name in SETTINGS if hasattr(args, name)}
+    if settings.get("generation_lora_merge") == "none":
+        settings["generation_lora_merge"] = None
+    return settings
+
+
+class DoctorCallback(TrainerCallback):
+    """Run the run doctor's checks (`doctor.checks.CHECKS`) on the logged metrics at every log and warn once per
+    finding (a `logging` warning of `trl_grpo_ext.doctor.callback`: what is wrong, the evidence, what to change).
+
+    On with `GRPOConfig(run_doctor=True)` (the recipes set it), or added by hand:
+    `GRPOTrainer(..., callbacks=[DoctorCallback()])` (then `generation_bound` and `memory` are skipped: the timings
+    and memory they read are logged with `run_doctor`). Only the main process checks. A resumed run starts from the
+    checkpoint's log. The checks take at most `BUDGET` (0.5%) of the training time: when a long log makes them cost
+    more, some logs are only recorded and the findings come at a later one (with the same step and evidence). At the
+    end of training the log is checked once more and one line sums up the findings.
+
+    Args:
+        checks: names in `CHECKS` to run (default: all).
+
+    Attributes:
+        findings: the findings warned so far, in order.
+        seconds: time spent in the checks since the start, in seconds (`benchmarks/doctor_overhead.py` compares it
+            with the step time).
+
+    Raises:
+        ValueError: a name in `checks` that is not a check.
+    """
+
+    def __init__(self, checks: list[str] | None = None):
+        unknown = sorted(set(checks or ()) - set(CHECKS))
+        if unknown:
+            raise ValueError(f"checks: unknown run doctor check(s) {unknown}; known: {sorted(CHECKS)}")
+        self.checks = list(checks) if checks else None
+        self.columns = Columns()
+        self.findings: list[Finding] = []
+        self.seconds = 0.0
+        self._settings: dict = {}
+        self._start = time.perf_counter()
+        self._unchecked = False  # rows recorded since the last check
+
+    @property
+    def rows(self) -> list[dict]:
+        """The training rows logged so far."""
+        return self.columns.rows
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._settings = settings_of(args)
+        self.columns = Columns([dict(row) for row in training_rows(state.log_history)])  # a resumed run's earlier log
+        self._start = time.perf_counter()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        start = time.perf_counter()
+        row = {**logs, "step": state.global_step}
+        if training_rows([row]):
+            self.columns.append(row)
+            self._unchecked = True
+            if self.seconds <= BUDGET * (start - self._start):
+                self._check()
+        self.seconds += time.perf_counter() - start
+
+    def _check(self) -> None:
+        seen = {finding.key for finding in self.findings}
+        for finding in diagnose(self.columns, self._settings, self.checks).findings:
+            if finding.key not in seen:
+                self.findings.append(finding)
+                logger.warning("run doctor: %s", finding.text())
+        self._unchecked = False
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        if self._unchecked:
+            self._check()
+        checks = sorted({finding.check for finding in self.findings})
+        verdict = f"{len(self.findings)} finding(s) ({', '.join(checks)})" if checks else "no finding"
+        elapsed = time.perf_counter() - self._start
+        logger.warning(
+            "run doctor: %s over %d logged steps (the checks took %.3f s, %.2f%% of the training time); "
+            "`trl-grpo-ext doctor %s` prints the report and draws the dashboard",
+            verdict, len(self.rows), self.seconds, 100 * self.seconds / max(elapsed, 1e-9), args.output_dir,
+        )  # fmt: skip

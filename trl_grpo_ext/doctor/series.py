@@ -1,0 +1,135 @@
+"""The logged rows of a run as arrays (pure functions on numpy arrays).
+
+A row is one entry of transformers' `state.log_history` (or one line of the recipe's `training_metrics.jsonl`): a
+dict with the global `step` and the values logged there. n = rows that log a metric, W = rows in a window.
+"""
+
+import math
+
+import numpy as np
+
+# Keys that a training row of TRL's GRPOTrainer always logs: a log without them is not a GRPO run.
+GRPO_KEYS = ("reward", "frac_reward_zero_std")
+MIN_WINDOW_ROWS = 3  # a trend or a mean over fewer rows says nothing
+
+
+def training_rows(log_history: list[dict]) -> list[dict]:
+    """The training rows of `log_history`, in step order: those with a `step` and a GRPO key (`GRPO_KEYS`); the
+    evaluation rows (`eval_*`) and the closing summary (`train_runtime`) are left out."""
+    rows = [row for row in log_history
+            if "step" in row and any(key in row for key in GRPO_KEYS) and "train_runtime" not in row]  # fmt: skip
+    return sorted(rows, key=lambda row: row["step"])
+
+
+def series(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps (n,), values (n,)) of the rows that log `key`; a None (TRL logs one when no reward was valid) is NaN."""
+    kept = [row for row in rows if key in row]
+    steps = np.array([row["step"] for row in kept], dtype=np.int64)
+    values = np.array([np.nan if row[key] is None else float(row[key]) for row in kept], dtype=np.float64)
+    return steps, values
+
+
+def keys_like(rows: list[dict], prefix: str, suffix: str) -> list[str]:
+    """The middle parts of the keys `<prefix><middle><suffix>` any row logs, sorted (policy group names, reward
+    function names)."""
+    return middles({key for row in rows for key in row}, prefix, suffix)
+
+
+def middles(keys, prefix: str, suffix: str) -> list[str]:
+    """The middle parts of the `keys` that read `<prefix><middle><suffix>`, sorted."""
+    found = {key[len(prefix) : len(key) - len(suffix)] for key in keys
+             if key.startswith(prefix) and key.endswith(suffix) and len(key) > len(prefix) + len(suffix)}  # fmt: skip
+    return sorted(found)
+
+
+class Columns:
+    """Training rows kept by metric as they come (key -> the steps and values that log it), so that reading a
+    metric costs one array conversion, not a pass over every row: what the callback appends to at each log."""
+
+    def __init__(self, rows: list[dict] = ()):
+        self.rows: list[dict] = []
+        self._steps: dict[str, list[int]] = {}
+        self._values: dict[str, list[float]] = {}
+        for row in rows:
+            self.append(row)
+
+    def append(self, row: dict) -> None:
+        """Add one training row (rows come in step order)."""
+        self.rows.append(row)
+        for key, value in row.items():
+            if key == "step" or not (value is None or isinstance(value, int | float)):
+                continue
+            self._steps.setdefault(key, []).append(row["step"])
+            self._values.setdefault(key, []).append(np.nan if value is None else float(value))
+
+    def keys(self):
+        return self._values.keys()
+
+    def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """As `series(self.rows, key)`."""
+        return np.array(self._steps.get(key, ()), dtype=np.int64), np.array(
+            self._values.get(key, ()), dtype=np.float64
+        )
+
+
+def window_rows(steps: np.ndarray, span: float) -> int:
+    """W, the rows that cover `span` optimizer steps at this run's logging interval (the median gap between logged
+    steps), at least `MIN_WINDOW_ROWS`."""
+    gap = float(np.median(np.diff(steps))) if len(steps) > 1 else 1.0
+    return max(MIN_WINDOW_ROWS, math.ceil(span / max(gap, 1.0)))
+
+
+def rolling_mean(values: np.ndarray, width: int) -> np.ndarray:
+    """(n − W + 1,) the mean of each run of `width` consecutive values, NaNs left out (NaN where all are)."""
+    if len(values) < width:
+        return np.empty(0)
+    finite = np.isfinite(values)
+    sums = np.convolve(np.where(finite, values, 0.0), np.ones(width), "valid")
+    counts = np.convolve(finite.astype(np.float64), np.ones(width), "valid")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+def first_window(condition: np.ndarray, width: int) -> int | None:
+    """The index of the last row of the first window (of `width` rows) where `condition` (n − W + 1,) holds, or
+    None."""
+    hits = np.flatnonzero(condition)
+    return int(hits[0]) + width - 1 if len(hits) else None
+
+
+def fmt(values: np.ndarray, limit: int = 6) -> str:
+    """Up to `limit` values as text, `…` between the first and the last ones when there are more."""
+    text = [f"{v:.3g}" for v in values]
+    if len(text) > limit:
+        text = [*text[: limit // 2], "…", *text[-(limit - limit // 2) :]]
+    return "[" + ", ".join(text) + "]"
+
+
+def forward_filled(values: np.ndarray) -> np.ndarray:
+    """`values` (n,) with each NaN replaced by the last finite value before it (the first finite one at the start)."""
+    finite = np.isfinite(values)
+    if finite.all() or not finite.any():
+        return np.nan_to_num(values)
+    index = np.where(finite, np.arange(len(values)), 0)
+    np.maximum.accumulate(index, out=index)
+    filled = values[index]
+    filled[: np.argmax(finite)] = values[np.argmax(finite)]
+    return filled
+
+
+def rolling_rise(values: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(n − W + 1,) each window's least-squares rise and its standard error, in the units of `values`: what
+    `policy_groups.stages.reward_rise` computes for one window (ordinary least squares over t = 0..W−1), here for
+    every window at once from rolling sums; NaNs forward-filled."""
+    if len(values) < width or width < MIN_WINDOW_ROWS:
+        return np.empty(0), np.empty(0)
+    x = forward_filled(values)
+    ones, t = np.ones(width), np.arange(width, dtype=np.float64)
+    sum_x = np.convolve(x, ones, "valid")
+    sum_xx = np.convolve(x * x, ones, "valid")
+    sum_tx = np.convolve(x, t[::-1], "valid")  # Σ_t t·x[i + t] for each window start i
+    t_mean, s_tt = (width - 1) / 2, width * (width**2 - 1) / 12
+    slope = (sum_tx - t_mean * sum_x) / s_tt
+    residual = np.maximum(sum_xx - sum_x**2 / width - slope**2 * s_tt, 0.0)
+    se = np.sqrt(residual / (width - 2) / s_tt)
+    return slope * (width - 1), se * (width - 1)

@@ -1,0 +1,154 @@
+"""Every threshold of the run doctor's checks, with where it comes from (`THRESHOLDS`, name -> `Threshold`).
+
+"Our measurement" means `benchmarks/doctor_detection.py` on its labelled logs (`benchmarks/results/doctor_detection.*`,
+the CPU demo, the benchmarks' own runs, real runs made to fail, and synthetic logs of each failure) or the benchmark
+named.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """One threshold: its value, the unit, what it means, and its source (a paper with its arXiv id, a TRL or verl
+    issue, or our own measurement)."""
+
+    value: float
+    unit: str
+    meaning: str
+    source: str
+
+
+THRESHOLDS: dict[str, Threshold] = {
+    "window_steps": Threshold(
+        20, "optimizer steps",
+        "the span a condition must hold over (the mean of the rows logged in it) before a check reports it, so a "
+        "few noisy steps are not a finding",
+        "our measurement: healthy runs stay below the thresholds below over any 20 steps",
+    ),
+    "persist_steps": Threshold(
+        40, "optimizer steps",
+        "the longer span of the checks of a state a run can pass through and leave by itself (no signal while the "
+        "first successes are rare; truncation while a length penalty is learnt)",
+        "our measurement: the benchmarks' sparse-reward runs (policy_groups_learning.py, 4 completions per prompt) "
+        "go up to 20 steps without one informative generation group before they learn; the CPU demo's truncation "
+        "falls from 94% to 0 within 30 steps",
+    ),
+    "zero_std_frac": Threshold(
+        0.95, "fraction of generation groups",
+        "no learning signal: over `persist_steps`, at least this share of the generation groups gave every "
+        "completion the same reward (TRL's `frac_reward_zero_std`, or a policy group's `zero_std_frac`), so their "
+        "advantages are all 0",
+        "DAPO, arXiv:2503.14476 §3.2 (groups of all-0 or all-1 accuracy have zero advantage and no gradient); TRL "
+        "issues huggingface/trl#3452 and #3857 (loss 0 with frac_reward_zero_std 1.0); our measurement: a "
+        "sparse-reward benchmark run that learns stays at or below 0.94 over any 40 steps",
+    ),
+    "solved_position": Threshold(
+        0.75, "fraction of the run's reward range",
+        "a generation group without signal counts as all-correct when its reward is in the top quarter of the "
+        "rewards the run has logged, all-wrong in the bottom quarter, mixed in between",
+        "our choice: the midpoint ± a quarter of the range, so binary and shaped rewards both classify",
+    ),
+    "truncated_frac": Threshold(
+        0.2, "fraction of completions",
+        "truncation: over the second half of `persist_steps`, at least this share of the completions hit "
+        "`max_completion_length` (TRL's `completions/clipped_ratio`), and the share is not falling",
+        "DAPO, arXiv:2503.14476 §3.4 (truncated samples are reward noise; overlong filtering and punishment)",
+    ),
+    "truncated_fall": Threshold(
+        0.25, "fraction of the first half's mean",
+        "truncation whose second-half mean is more than this share below its first-half mean is being learnt "
+        "away (a length penalty at work) and is not reported",
+        "our measurement: the CPU demo's clipped ratio falls from 0.94 to 0.13 over its first 20 steps",
+    ),
+    "entropy_collapse_ratio": Threshold(
+        0.1, "fraction of the starting entropy",
+        "entropy collapse: the mean token entropy fell to at most this share of its value over the first window",
+        "Cui et al., arXiv:2505.22617 §2 (entropy drops by an order of magnitude early, and performance saturates "
+        "with it); our measurement on benchmarks/entropy_collapse.py: stock TRL ends at 2-8% of its start",
+    ),
+    "entropy_explosion_ratio": Threshold(
+        2.0, "times the starting entropy",
+        "entropy explosion: the mean token entropy rose to at least this multiple of its first window's value, "
+        "and by at least `entropy_explosion_nats`",
+        "Skywork-OR1, arXiv:2505.22312 §4 (entropy blows up with a too large entropy coefficient, and accuracy "
+        "falls); our choice of factor",
+    ),
+    "entropy_explosion_nats": Threshold(
+        0.5, "nats per token", "the least rise in entropy an explosion needs (a tiny entropy doubling is noise)",
+        "our choice",
+    ),
+    "kl_level": Threshold(
+        0.5, "nats per token",
+        "KL runaway: the mean KL to the reference (TRL's `kl`, with beta > 0) is above this and still rising over "
+        "the window (its least-squares rise more than two standard errors above 0)",
+        "open-r1 issue huggingface/open-r1#257 and ms-swift modelscope/ms-swift#6550 (KL grows without bound "
+        "while the rewards fall); healthy runs in our measurement stay below 0.1",
+    ),
+    "format_rise": Threshold(
+        0.2, "reward units",
+        "format-only learning: a format reward (a reward function named `*format*`) rose by at least this since the "
+        "first window",
+        "TRL issues huggingface/trl#3903 and #5298, open-r1 huggingface/open-r1#255 (format reward to 1, accuracy "
+        "flat near 0)",
+    ),
+    "accuracy_flat": Threshold(
+        0.02, "reward units",
+        "…while every accuracy reward (named `*accuracy*` or `*correct*`) moved by less than this",
+        "our choice: 2 points of accuracy, under the noise of a few hundred completions",
+    ),
+    "plateau_steps": Threshold(
+        40, "optimizer steps",
+        "reward plateau: the span over which the reward must be flat (two windows), with the completions still "
+        "disagreeing (no `zero_std_frac` finding)",
+        "our measurement (issue #18): a 16-batch trend window is enough to end warm-up; a warning waits longer",
+    ),
+    "plateau_tol": Threshold(
+        0.1, "times the mean within-group reward std",
+        "flat: the least-squares rise of the reward over the span, plus two standard errors (flat with 95% "
+        "confidence, not merely too noisy to tell), is below this times the mean `reward_std`",
+        "our measurement (issue #18, `policy_group_plateau_tol`, where warm-up ends on one standard error)",
+    ),
+    "plateau_spread": Threshold(
+        0.05, "fraction of the run's reward range",
+        "the completions still disagree: the mean `reward_std` over the span is at least this share of the range "
+        "of rewards the run has logged (a solved task's last few disagreements are not a plateau to fix)",
+        "our measurement: solved benchmark runs (entropy_collapse.py) end with a reward std of 0.2-0.3% of their "
+        "range",
+    ),
+    "grad_spike_ratio": Threshold(
+        10.0, "times the median",
+        "gradient-norm spike: a logged `grad_norm` at least this multiple of the median of the "
+        "`grad_spike_history` rows before it",
+        "ZClip, arXiv:2504.02507 §3 (spikes are outliers against the recent norm; it clips at z > 2.5, a warning "
+        "waits for far larger ones); our benchmarks/gradient_spikes.py: stock TRL's norm moves within 3x of its "
+        "median between injected spikes",
+    ),
+    "grad_spike_history": Threshold(10, "logged rows", "the rows a spike is measured against (at least 5 logged)",
+                                    "ZClip's warm-up, arXiv:2504.02507 §3"),
+    "generation_share": Threshold(
+        0.9, "fraction of step time",
+        "generation-bound: at least this share of the step time (TRL's `step_time`) went to `model.generate` "
+        "(`timing/generation`, logged with `run_doctor`)",
+        "our measurement on an H200 (benchmarks/gpu_throughput.py): a preset's 40-58 s step is almost all "
+        "generation; TRL's docs on vLLM for the same reason",
+    ),
+    "memory_high": Threshold(
+        0.95, "fraction of the card",
+        "memory: the peak reserved CUDA memory is at least this share of the card (an out-of-memory error or "
+        "allocator thrashing is near)",
+        "PyTorch's CUDA caching-allocator notes (fragmentation near the limit; `expandable_segments`); our "
+        "benchmarks/gpu_memory.py",
+    ),
+    "memory_low": Threshold(
+        0.4, "fraction of the card",
+        "memory: the peak reserved CUDA memory stays below this share of the card over the run (room for larger "
+        "generation batches, which make steps faster)",
+        "our measurement: the consumer-GPU presets use 55-90% of their card (trl_grpo_ext.consumer_gpu.memory)",
+    ),
+}  # fmt: skip
+
+
+def value(name: str) -> float:
+    """The value of threshold `name` (a KeyError names a threshold that does not exist)."""
+    return THRESHOLDS[name].value
