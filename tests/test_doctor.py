@@ -273,6 +273,16 @@ def test_run_doctor_logs_the_step_time_split_and_leaves_training_unchanged(tiny_
     assert not any("timing/generation" in row for row in plain.state.log_history)
 
 
+def test_timings_are_per_optimizer_step_when_a_generation_batch_serves_two(tiny_model_dir, tmp_path):
+    trainer = _train(tiny_model_dir, tmp_path / "out", length_reward, run_doctor=True, steps_per_generation=2,
+                     max_steps=4)  # fmt: skip
+    rows = [row for row in trainer.state.log_history if "loss" in row]
+    # steps 1 and 3 generate (for themselves and the next step), 2 and 4 train on the buffered batch
+    assert [row["timing/generation"] > 0 for row in rows] == [True, False, True, False]
+    assert [row["timing/scoring"] > 0 for row in rows] == [True, False, True, False]
+    assert all(row["timing/generation"] < row["step_time"] for row in rows)
+
+
 def test_a_run_without_signal_is_warned_about_while_it_trains(tiny_model_dir, tmp_path, caplog):
     def constant(completions, **kwargs):  # every completion scores alike: no advantage anywhere
         return [0.0] * len(completions)

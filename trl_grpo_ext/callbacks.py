@@ -38,7 +38,7 @@ class MetricsTableCallback(TrainerCallback):
         if "train_runtime" in logs:  # the Trainer's closing summary
             print(f"train_runtime: {logs['train_runtime']:.1f} s for {state.global_step} steps", flush=True)
             return
-        if "reward" not in logs:
+        if "reward" not in logs and "loss" not in logs:  # an evaluation's row (a step on a buffered batch has a loss)
             return
         row = {"step": state.global_step, **{key: logs.get(key) for key, _, _ in COLUMNS}, **logs}
         if not self.rows:

@@ -18,6 +18,7 @@ tokens; TRL generates a generation batch once every `steps_per_generation` micro
     policy_logps       the policy's per-token log-probabilities and entropies, inside TRL's loss
     loss_end           after TRL's loss: terms added to it
     training_step      before transformers' forward-backward of a micro-step
+    training_step_end  after it (and after TRL has noted the step time, at the last micro-step of an optimizer step)
     clip_gradients     where transformers clips the gradients, once per optimizer step, before `optimizer.step()`
     regroup            event: policy groups changed (merge, split, refinement), announced by the policy groups
     checkpoint         the state saved in every checkpoint and restored on resume (`state()`)
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 
 POINTS = ("prompt_filter", "generation_batch", "generation", "rewards", "advantages", "loss_start", "policy_logps",
-          "loss_end", "training_step", "clip_gradients", "regroup", "checkpoint")  # fmt: skip
+          "loss_end", "training_step", "training_step_end", "clip_gradients", "regroup", "checkpoint")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,10 @@ class Feature:
 
     def training_step(self, model) -> None:
         """Before transformers' forward-backward of a micro-step."""
+
+    def training_step_end(self) -> None:
+        """After TRL's training step of a micro-step (its forward-backward, and generation when the micro-step
+        starts a generation batch)."""
 
     def clip_gradients(self, model, clip):
         """Clip the gradients where transformers does; `clip(model)` is transformers' own clipping. Returns the total

@@ -63,8 +63,10 @@ STEP = {
     "policy_logps": ("policy_groups", "grad_reg", "entropy_reg"),
     # each group's entropy and the KL measured; the entropy terms added to the loss
     "loss_end": ("policy_groups", "grad_reg", "entropy_reg"),
-    # DeepSpeed: its clip bound set from ZClip
-    "training_step": ("grad_reg",),
+    # DeepSpeed: its clip bound set from ZClip; the step times TRL has noted so far
+    "training_step": ("grad_reg", "doctor"),
+    # the generation and scoring time of the optimizer step noted, once TRL has noted its step time
+    "training_step_end": ("doctor",),
     # AGC, the non-finite guard, ZClip
     "clip_gradients": ("grad_reg",),
     # event: the per-group entropy controllers follow the policy groups
@@ -255,7 +257,10 @@ class GRPOTrainer(TRLContact):
     def training_step(self, model, *args, **kwargs):
         for feature in self._acting("training_step"):
             feature.training_step(model)
-        return super().training_step(model, *args, **kwargs)
+        loss = super().training_step(model, *args, **kwargs)
+        for feature in self._acting("training_step_end"):
+            feature.training_step_end()
+        return loss
 
     def hook_clip_grad_norm(self, model):
         clip = super().hook_clip_grad_norm  # transformers' clipping

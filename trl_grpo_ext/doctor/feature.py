@@ -1,13 +1,14 @@
 """The run doctor's side of the trainer (`GRPOConfig.run_doctor`): the timings and the memory its checks read, and
 the callback that runs them.
 
-Per generation batch it logs, as seconds per optimizer step (the batch's time × the generation batches per
-optimizer step, `gradient_accumulation_steps / (steps_per_generation × num_iterations)`, so each compares with
-TRL's `step_time`):
-    timing/generation   in TRL's `model.generate` calls (with fast generation on: its merge and cache too)
-    timing/scoring      from the end of generation to the advantages: reward functions, old and reference
+Once per optimizer step, next to TRL's `step_time` (and averaged over a logging window the same way), it logs:
+    timing/generation   seconds of the step in TRL's `model.generate` calls (with fast generation on: its merge and
+                        cache too); 0 in a step that generated nothing (`steps_per_generation` > 1, `num_iterations`
+                        > 1 reuse a generation batch)
+    timing/scoring      seconds from the end of generation to the advantages: reward functions, old and reference
                         log-probabilities, the gathers
 and on a CUDA device `memory/peak_reserved_gib` (the process's peak reserved memory so far) and `memory/total_gib`.
+Generation for an evaluation is not counted.
 """
 
 import time
@@ -36,10 +37,10 @@ class RunDoctor(Feature):
 
     def __init__(self, trainer):
         super().__init__(trainer)
-        args = trainer.args
-        self.per_step = args.gradient_accumulation_steps / (args.steps_per_generation * args.num_iterations)
-        self._generation = 0.0
+        self._generation = 0.0  # seconds since the last optimizer step was noted
+        self._scoring = 0.0
         self._generated_at: float | None = None
+        self._step_times = 0  # how many step times TRL had noted before this micro-step
 
     @contextmanager
     def generation(self, prompt_ids):
@@ -47,16 +48,25 @@ class RunDoctor(Feature):
         try:
             yield
         finally:
-            self._generated_at = time.perf_counter()
-            self._generation += self._generated_at - start
+            if self.trainer.model.training:
+                self._generated_at = time.perf_counter()
+                self._generation += self._generated_at - start
 
     def advantages(self, output: dict) -> None:
-        mode = "train" if self.trainer.model.training else "eval"
-        logged = metrics(self.trainer, mode)
-        scoring = time.perf_counter() - self._generated_at if self._generated_at is not None else 0.0
-        logged["timing/generation"].append(self._generation * self.per_step)
-        logged["timing/scoring"].append(scoring * self.per_step)
-        self._generation, self._generated_at = 0.0, None
+        if self.trainer.model.training and self._generated_at is not None:
+            self._scoring += time.perf_counter() - self._generated_at
+        self._generated_at = None
+
+    def training_step(self, model) -> None:
+        self._step_times = len(metrics(self.trainer, "train")["step_time"])
+
+    def training_step_end(self) -> None:
+        logged = metrics(self.trainer, "train")
+        if len(logged["step_time"]) == self._step_times:  # not the last micro-step of an optimizer step
+            return
+        logged["timing/generation"].append(self._generation)
+        logged["timing/scoring"].append(self._scoring)
+        self._generation = self._scoring = 0.0
         device = self.trainer.accelerator.device
         if device.type == "cuda":
             logged["memory/peak_reserved_gib"].append(torch.cuda.max_memory_reserved(device) / 2**30)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..callbacks import HISTORY_NAME
-from .series import GRPO_KEYS, training_rows
+from .series import GRPO_KEYS, is_grpo_log, training_rows
 
 STATE_NAME = "trainer_state.json"
 CHECKPOINT = re.compile(r"checkpoint-(\d+)$")
@@ -113,7 +113,7 @@ def load_run(path: str | Path) -> RunLog:
     for _, rows in readable:
         for row in training_rows(rows):
             merged.setdefault(row["step"], {}).update(row)
-    if not merged:
+    if not is_grpo_log(list(merged.values())):
         logged = sorted({key for _, rows in readable for row in rows for key in row} - {"step", "epoch"})
         if not logged:
             raise RunDirError(f"{path}: the log has no logged step yet (the first comes at logging_steps)")

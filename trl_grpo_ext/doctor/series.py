@@ -8,17 +8,23 @@ import math
 
 import numpy as np
 
-# Keys that a training row of TRL's GRPOTrainer always logs: a log without them is not a GRPO run.
+# Keys that TRL's GRPOTrainer logs at every generation batch: a log without them is not a GRPO run's.
 GRPO_KEYS = ("reward", "frac_reward_zero_std")
 MIN_WINDOW_ROWS = 3  # a trend or a mean over fewer rows says nothing
 
 
 def training_rows(log_history: list[dict]) -> list[dict]:
-    """The training rows of `log_history`, in step order: those with a `step` and a GRPO key (`GRPO_KEYS`); the
-    evaluation rows (`eval_*`) and the closing summary (`train_runtime`) are left out."""
-    rows = [row for row in log_history
-            if "step" in row and any(key in row for key in GRPO_KEYS) and "train_runtime" not in row]  # fmt: skip
+    """The training rows of `log_history`, in step order: those with a `step` and a GRPO key (`GRPO_KEYS`) or the
+    training `loss` (a step that trained on a buffered generation batch logs no reward); the evaluation rows
+    (`eval_*`) and the closing summary (`train_runtime`) are left out."""
+    rows = [row for row in log_history if "step" in row and "train_runtime" not in row
+            and any(key in row for key in (*GRPO_KEYS, "loss"))]  # fmt: skip
     return sorted(rows, key=lambda row: row["step"])
+
+
+def is_grpo_log(rows: list[dict]) -> bool:
+    """Whether any of `rows` logs a GRPO key (`GRPO_KEYS`)."""
+    return any(key in row for row in rows for key in GRPO_KEYS)
 
 
 def series(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
