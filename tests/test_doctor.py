@@ -202,7 +202,7 @@ def test_short_logs_and_unknown_checks_are_said_not_guessed():
     diagnosis = diagnose(log(5))
     assert diagnosis.findings == []
     reasons = {skip.check: skip.reason for skip in diagnosis.skipped}
-    assert reasons["no_signal"] == "needs 40 logged rows of `frac_reward_zero_std`, the log has 5"
+    assert reasons["no_signal"] == "needs 40 logged values of `frac_reward_zero_std` (finite numbers), the log has 5"
     with pytest.raises(ValueError, match=r"unknown run doctor check\(s\) \['nope'\]"):
         diagnose(log(5), checks=["nope"])
     assert isinstance(CHECKS["kl_runaway"](Run(log(30))), Skip)  # beta 0: no kl logged
@@ -344,7 +344,7 @@ def test_doctor_reads_the_newest_readable_checkpoint_of_a_running_run(tmp_path, 
         ),
         (
             lambda d: (d / "trainer_state.json").write_text(json.dumps({"log_history": []})) and d,
-            "the log has no logged step yet",
+            "no training step logged in it yet",
         ),
         (lambda d: (d / "trainer_state.json").write_text("not json") and d, "no readable training log"),
     ],
@@ -366,3 +366,30 @@ def test_run_doctor_logs_the_cuda_memory_headroom(tiny_model_dir, tmp_path):
     for row in rows:
         assert 0 < row["memory/peak_reserved_gib"] <= row["memory/total_gib"] == pytest.approx(total)
     assert not any(skip.check == "memory" for skip in diagnose(trainer.state.log_history).skipped)
+
+
+def test_values_that_are_not_numbers_are_left_out_and_all_nan_metrics_skip_their_checks(tmp_path, capsys):
+    rows = log(60, entropy=np.nan)
+    rows[3]["reward"], rows[4]["kl"], rows[5]["step"] = [0.1], "abc", "6"  # hand-edited or foreign values
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": rows}))
+    assert cli.main(["doctor", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 row(s) without a whole-number `step`: skipped" in out and "59 logged training steps" in out
+    assert "entropy_collapse: needs 40 logged values of `entropy` (finite numbers), the log has 0" in out
+    assert (tmp_path / "doctor.png").stat().st_size > 50_000
+
+
+def test_doctor_command_png_and_checks_options(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "training_metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in log(50)))
+    (tmp_path / "dash").mkdir()
+    assert cli.main(["doctor", str(tmp_path / "run"), "--png", str(tmp_path / "dash"), "--checks", "no_signal"]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "dash" / "doctor.png").is_file() and "skipped" not in out  # one check, and it ran
+    for argv, message in (
+        (["--png", str(tmp_path / "x.txt")], "give a .png file or a folder to write doctor.png into"),
+        (["--png", str(tmp_path / "x.png"), "--no-png"], "and --no-png: give one of them"),
+        (["--checks", "no_signl,truncation"], "--checks: unknown check `no_signl` (did you mean `no_signal`?)"),
+    ):
+        assert cli.main(["doctor", str(tmp_path / "run"), *argv]) == 1
+        assert message in _error(capsys)

@@ -4,7 +4,7 @@
     trl-grpo-ext tiny-model OUTPUT_DIR [--seed N] [--force]        # a tiny random-init Qwen2 model, no download
     trl-grpo-ext memory --config file.yaml [--card-gib 8]          # estimated peak GPU memory, term by term
     trl-grpo-ext export RUN_DIR OUT_DIR [--dtype auto] [--force]   # a run's LoRA adapter merged into its base
-    trl-grpo-ext doctor RUN_DIR [--png FILE] [--no-png]             # why a run is not learning, and what to change
+    trl-grpo-ext doctor RUN_DIR [--png FILE] [--checks a,b]         # why a run is not learning, and what to change
 
 `grpo` takes every argument of TRL's `trl grpo` (script arguments, `GRPOConfig` with this package's fields, and
 `ModelConfig`); for several processes run it as `accelerate launch -m trl_grpo_ext.cli grpo ...`. It checks the
@@ -149,23 +149,35 @@ def _doctor(argv: list[str]) -> int:
         epilog=entry_points.DEBUG_HELP,
     )
     parser.add_argument("run_dir", help="the run's output_dir (or one trainer_state.json / training_metrics.jsonl)")
-    parser.add_argument("--png", help="where to write the dashboard (default: RUN_DIR/doctor.png)")
+    parser.add_argument("--png", help="where to write the dashboard: a .png file or a folder (default: RUN_DIR)")
     parser.add_argument("--no-png", action="store_true", help="print the report only")
-    parser.add_argument("--checks", nargs="+", choices=sorted(CHECKS), help="run only these checks (default: all)")
+    parser.add_argument("--checks", help=f"comma-separated checks to run (default: all): {','.join(CHECKS)}")
     args = parser.parse_args(argv)
-    run = load_run(args.run_dir)  # RunDirError (a ValueError): one line
-    diagnosis = diagnose(run.rows, checks=args.checks)
+    checks = [name.strip() for name in (args.checks or "").split(",") if name.strip()] or None
+    unknown = [name for name in checks or () if name not in CHECKS]
+    if unknown:
+        raise ValueError(entry_points.unknown_names_message("--checks", "check", unknown, CHECKS,
+                                                            f"the checks are {', '.join(CHECKS)}"))  # fmt: skip
+    run_dir = Path(args.run_dir)
+    png = None
+    if args.png and args.no_png:
+        raise ValueError(f"--png {args.png} and --no-png: give one of them")
+    if not args.no_png:  # checked before the log is read: a bad path is not found out after the report
+        png = Path(args.png) if args.png else run_dir if run_dir.is_dir() else run_dir.parent
+        png = png / "doctor.png" if png.is_dir() else png
+        if png.suffix.lower() != ".png":
+            raise ValueError(f"--png {png}: give a .png file or a folder to write doctor.png into")
+        if not png.parent.is_dir():
+            raise ValueError(f"--png {png}: the folder {png.parent} does not exist")
+    run = load_run(run_dir)  # RunDirError (a ValueError): one line
+    diagnosis = diagnose(run.rows, checks=checks)
     print(f"{args.run_dir}: read {', '.join(run.sources)}")
     for note in run.notes:
         print(f"note: {note}")
     print(diagnosis.report())
-    if not args.no_png:
+    if png is not None:
         from .doctor.dashboard import plot_dashboard
 
-        run_dir = Path(args.run_dir)
-        png = Path(args.png) if args.png else (run_dir if run_dir.is_dir() else run_dir.parent) / "doctor.png"
-        if png.parent and not png.parent.is_dir():
-            raise ValueError(f"--png {png}: the folder {png.parent} does not exist")
         print(f"Saved {plot_dashboard(run.rows, diagnosis, str(png), title=run_dir.resolve().name)}")
     return 0
 

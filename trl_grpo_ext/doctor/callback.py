@@ -60,6 +60,7 @@ class DoctorCallback(TrainerCallback):
         self._settings: dict = {}
         self._start = time.perf_counter()
         self._unchecked = False  # rows recorded since the last check
+        self._skipped: list[str] = []  # the checks the last check skipped
 
     @property
     def rows(self) -> list[dict]:
@@ -85,7 +86,9 @@ class DoctorCallback(TrainerCallback):
 
     def _check(self) -> None:
         seen = {finding.key for finding in self.findings}
-        for finding in diagnose(self.columns, self._settings, self.checks).findings:
+        diagnosis = diagnose(self.columns, self._settings, self.checks)
+        self._skipped = [skip.check for skip in diagnosis.skipped]
+        for finding in diagnosis.findings:
             if finding.key not in seen:
                 self.findings.append(finding)
                 logger.warning("run doctor: %s", finding.text())
@@ -98,9 +101,12 @@ class DoctorCallback(TrainerCallback):
             self._check()
         checks = sorted({finding.check for finding in self.findings})
         verdict = f"{len(self.findings)} finding(s) ({', '.join(checks)})" if checks else "no finding"
+        skipped = (
+            f"; skipped {', '.join(self._skipped)} (a metric not logged, or too few steps)" if self._skipped else ""
+        )
         elapsed = time.perf_counter() - self._start
         logger.warning(
-            "run doctor: %s over %d logged steps (the checks took %.3f s, %.2f%% of the training time); "
-            "`trl-grpo-ext doctor %s` prints the report and draws the dashboard",
-            verdict, len(self.rows), self.seconds, 100 * self.seconds / max(elapsed, 1e-9), args.output_dir,
+            "run doctor: %s over %d logged steps%s (the checks took %.3f s, %.2f%% of the training time); "
+            "`trl-grpo-ext doctor %s` prints the report, why each skipped check was skipped, and the dashboard",
+            verdict, len(self.rows), skipped, self.seconds, 100 * self.seconds / max(elapsed, 1e-9), args.output_dir,
         )  # fmt: skip

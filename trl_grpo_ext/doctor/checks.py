@@ -65,7 +65,7 @@ class Diagnosis:
 
     def report(self) -> str:
         """The short report `trl-grpo-ext doctor` prints: findings first, then what was skipped and why."""
-        head = f"{self.rows} logged training steps, up to step {self.last_step}: "
+        head = f"{self.rows} logged training step{'s' if self.rows != 1 else ''}, up to step {self.last_step}: "
         if not self.findings:
             head += "no finding; every check that could run found the run healthy"
         else:
@@ -91,6 +91,22 @@ class Run:
         if key not in self._series:
             self._series[key] = self.columns.series(key)
         return self._series[key]
+
+    def finite(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, values) of the rows where `key` is a finite number (NaN, None and inf left out)."""
+        steps, values = self.series(key)
+        keep = np.isfinite(values)
+        return steps[keep], values[keep]
+
+    def aligned(self, *keys: str) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(steps, [values of each key]) of the rows where every one of `keys` is a finite number."""
+        steps, values = self.finite(keys[0])
+        found = [values]
+        for key in keys[1:]:
+            other_steps, other = self.finite(key)
+            steps, mine, theirs = np.intersect1d(steps, other_steps, return_indices=True)
+            found = [*(v[mine] for v in found), other[theirs]]
+        return steps, found
 
     def keys_like(self, prefix: str, suffix: str) -> list[str]:
         """The middle parts of the logged keys `<prefix><middle><suffix>`, sorted (`series.middles`)."""
@@ -151,7 +167,7 @@ def _needs(name: str, key: str, why: str) -> Skip:
 
 
 def _too_short(name: str, key: str, have: int, need: int) -> Skip:
-    return Skip(name, f"needs {need} logged rows of `{key}`, the log has {have}")
+    return Skip(name, f"needs {need} logged values of `{key}` (finite numbers), the log has {have}")
 
 
 def _mean_between(run: Run, key: str, first: int, last: int) -> float:
@@ -194,29 +210,34 @@ def no_signal(run: Run) -> list[Finding] | Skip:
     """Most generation groups give every completion the same reward, so the advantages are 0 and nothing is learnt:
     overall (TRL's `frac_reward_zero_std`) and per policy group (`policy_groups/<name>/zero_std_frac`); each finding
     says whether the group sits at the top of the run's rewards (all-correct) or the bottom (all-wrong)."""
-    steps, frac = run.series("frac_reward_zero_std")
-    if not len(steps):
+    if not len(run.series("frac_reward_zero_std")[0]):
         return _needs("no_signal", "frac_reward_zero_std", "TRL's GRPOTrainer logs it at every logging step")
+    steps, frac = run.finite("frac_reward_zero_std")
     width = run.window(steps, "persist_steps")
     if len(frac) < width:
         return _too_short("no_signal", "frac_reward_zero_std", len(frac), width)
-    reward_steps, reward = run.series("reward")
+    reward_steps, reward = run.finite("reward")
     threshold, findings = value("zero_std_frac"), []
     fix = {kind: text.format(G=run.now("num_generations"), T=run.now("temperature"))
            for kind, text in NO_SIGNAL_FIX.items()}  # fmt: skip
-    end = S.first_window(S.rolling_mean(frac, width) >= threshold, width)
+    means = S.rolling_mean(frac, width)
+    end = S.first_window(means >= threshold, width)
     if end is not None:
         at = reward_steps <= steps[end]
         recent = at & (reward_steps >= steps[end - width + 1])
-        kind = _direction(np.nanmean(reward[recent]), np.nanmin(reward[at]), np.nanmax(reward[at]))
+        if recent.any():
+            level, low, high = float(np.mean(reward[recent])), float(np.min(reward[at])), float(np.max(reward[at]))
+        else:  # no finite reward: TRL logs NaN where no completion had a valid reward
+            level = low = high = float("nan")
+        kind = _direction(level, low, high)
         first_step, last_step = steps[end - width + 1], steps[end]
         per_function = [f"{name} {_mean_between(run, f'rewards/{name}/mean', first_step, last_step):.3g}"
                         for name in run.keys_like("rewards/", "/mean")]  # fmt: skip
         findings.append(Finding(
             "no_signal", "run", f"no learning signal ({kind}): the completions of a prompt all get the same reward",
             f"frac_reward_zero_std {S.fmt(frac[end - width + 1 : end + 1])} over {_span(steps, end, width)} "
-            f"(mean >= {threshold}); reward {np.nanmean(reward[recent]):.3g} in the run's range "
-            f"[{np.nanmin(reward[at]):.3g}, {np.nanmax(reward[at]):.3g}]"
+            f"(mean {means[end - width + 1]:.3g} >= {threshold}); reward {level:.3g} in the run's range "
+            f"[{low:.3g}, {high:.3g}]"
             + (f"; per reward function: {', '.join(per_function)}" if per_function else ""),
             fix[kind], int(steps[end]),
         ))  # fmt: skip
@@ -226,17 +247,20 @@ def no_signal(run: Run) -> list[Finding] | Skip:
 
 
 def _group_no_signal(run: Run, name: str, threshold: float, fix: dict) -> list[Finding]:
-    steps, frac = run.series(f"policy_groups/{name}/zero_std_frac")
+    steps, frac = run.finite(f"policy_groups/{name}/zero_std_frac")
     width = run.window(steps, "persist_steps")
-    end = S.first_window(S.rolling_mean(frac, width) >= threshold, width) if len(frac) >= width else None
+    means = S.rolling_mean(frac, width) if len(frac) >= width else np.empty(0)
+    end = S.first_window(means >= threshold, width)
     if end is None:
         return []
-    group_steps, reward = run.series(f"policy_groups/{name}/reward")
-    rewards = [run.series(f"policy_groups/{other}/reward") for other in run.keys_like("policy_groups/", "/reward")]
-    rewards.append(run.series("reward"))
+    group_steps, reward = run.finite(f"policy_groups/{name}/reward")
+    rewards = [run.finite(f"policy_groups/{other}/reward") for other in run.keys_like("policy_groups/", "/reward")]
+    rewards.append(run.finite("reward"))
     seen = np.concatenate([values[at <= steps[end]] for at, values in rewards])
     mine = reward[(group_steps <= steps[end]) & (group_steps >= steps[end - width + 1])]
-    kind = _direction(np.nanmean(mine), np.nanmin(seen), np.nanmax(seen))
+    level = float(np.mean(mine)) if len(mine) else float("nan")
+    low, high = (float(seen.min()), float(seen.max())) if len(seen) else (float("nan"), float("nan"))
+    kind = _direction(level, low, high)
     group_fix = {
         "all-correct": f"policy group {name!r} is solved: prompt_skip=True skips its prompts (with policy grouping "
         "its weight also falls by itself), or take it out of the data",
@@ -248,8 +272,8 @@ def _group_no_signal(run: Run, name: str, threshold: float, fix: dict) -> list[F
     return [Finding(
         "no_signal", f"policy group {name!r}", f"no learning signal in policy group {name!r} ({kind})",
         f"policy_groups/{name}/zero_std_frac {S.fmt(frac[end - width + 1 : end + 1])} over {_span(steps, end, width)}"
-        f" (mean >= {threshold}); its reward {np.nanmean(mine):.3g} in the run's range "
-        f"[{np.nanmin(seen):.3g}, {np.nanmax(seen):.3g}]",
+        f" (mean {means[end - width + 1]:.3g} >= {threshold}); its reward {level:.3g} in the run's range "
+        f"[{low:.3g}, {high:.3g}]",
         group_fix, int(steps[end]),
     )]  # fmt: skip
 
@@ -261,9 +285,9 @@ def _group_no_signal(run: Run, name: str, threshold: float, fix: dict) -> list[F
 def truncation(run: Run) -> list[Finding] | Skip:
     """Many completions are cut at `max_completion_length` (TRL's `completions/clipped_ratio`) over the second half
     of `persist_steps`, and no fewer than in the first half."""
-    steps, clipped = run.series("completions/clipped_ratio")
-    if not len(steps):
+    if not len(run.series("completions/clipped_ratio")[0]):
         return _needs("truncation", "completions/clipped_ratio", "TRL's GRPOTrainer logs it at every logging step")
+    steps, clipped = run.finite("completions/clipped_ratio")
     width = run.window(steps, "persist_steps")
     half = width // 2
     if len(clipped) < width:
@@ -277,8 +301,8 @@ def truncation(run: Run) -> list[Finding] | Skip:
     i = end - width + 1
     length = run.settings.get("max_completion_length")
     if length is None:  # a truncated completion is exactly max_completion_length long
-        _, longest = run.series("completions/max_length")
-        length = int(np.nanmax(longest)) if len(longest) and np.isfinite(longest).any() else None
+        _, longest = run.finite("completions/max_length")
+        length = int(longest.max()) if len(longest) else None
     raise_to = f" to about {2 * length}" if length else ""
     return [Finding(
         "truncation", "run", "completions are cut at max_completion_length and the share is not falling",
@@ -295,9 +319,9 @@ def truncation(run: Run) -> list[Finding] | Skip:
 
 
 def _entropy_windows(run: Run, name: str):
-    steps, entropy = run.series("entropy")
-    if not len(steps):
+    if not len(run.series("entropy")[0]):
         return _needs(name, "entropy", "TRL's GRPOTrainer logs the mean token entropy at every logging step")
+    steps, entropy = run.finite("entropy")
     width = run.window(steps)
     if len(entropy) < 2 * width:
         return _too_short(name, "entropy", len(entropy), 2 * width)
@@ -359,11 +383,11 @@ def entropy_explosion(run: Run) -> list[Finding] | Skip:
 @check("kl_runaway")
 def kl_runaway(run: Run) -> list[Finding] | Skip:
     """The KL to the reference policy is large and still rising (TRL's `kl`, logged with beta > 0)."""
-    steps, kl = run.series("kl")
-    if not len(steps):
+    if not len(run.series("kl")[0]):
         return _needs(
             "kl_runaway", "kl", "TRL logs it only with beta > 0: without a KL term there is none to run away"
         )
+    steps, kl = run.finite("kl")
     width = run.window(steps)
     if len(kl) < width:
         return _too_short("kl_runaway", "kl", len(kl), width)
@@ -397,13 +421,14 @@ def format_only(run: Run) -> list[Finding] | Skip:
     if not formats or not accuracies:
         return Skip("format_only", "needs a format reward and an accuracy reward, reward functions named *format* and "
                     f"*accuracy* or *correct* (rewards/<name>/mean); this run logs {names or 'none'}")  # fmt: skip
-    steps, _ = run.series(f"rewards/{formats[0]}/mean")
+    steps, _ = run.aligned(*(f"rewards/{name}/mean" for name in formats + accuracies))
     width = run.window(steps)
     if len(steps) < width + run.window(steps, "plateau_steps"):
         return _too_short("format_only", f"rewards/{formats[0]}/mean", len(steps),
                           width + run.window(steps, "plateau_steps"))  # fmt: skip
-    start_of = {name: S.rolling_mean(run.series(f"rewards/{name}/mean")[1], width) for name in formats + accuracies}
-    n = min(len(means) for means in start_of.values())
+    _, values = run.aligned(*(f"rewards/{name}/mean" for name in formats + accuracies))
+    start_of = {name: S.rolling_mean(v, width) for name, v in zip(formats + accuracies, values, strict=True)}
+    n = len(steps) - width + 1
     flat = np.ones(n, dtype=bool)
     for name in accuracies:
         flat &= np.abs(start_of[name][:n] - start_of[name][0]) < value("accuracy_flat")
@@ -438,19 +463,15 @@ def reward_plateau(run: Run) -> list[Finding] | Skip:
     """The reward has not risen for `plateau_steps` steps (flat or falling with 95% confidence), in each of the
     windows ending over `window_steps` steps in a row, although the completions still disagree (so there is a
     signal, and it is not being learnt)."""
-    steps, reward = run.series("reward")
-    _, reward_std = run.series("reward_std")
-    _, frac = run.series("frac_reward_zero_std")
+    steps, (reward, reward_std, frac) = run.aligned("reward", "reward_std", "frac_reward_zero_std")
     width = run.window(steps, "plateau_steps")
-    if len(reward) < width or len(reward_std) != len(reward):
-        return _too_short("reward_plateau", "reward", len(reward), width)
+    if len(reward) < width:
+        return _too_short("reward_plateau", "reward, reward_std and frac_reward_zero_std", len(reward), width)
     rises, se = S.rolling_rise(reward, width)
     spread = S.rolling_mean(reward_std, width)
-    signal = np.ones(len(rises), dtype=bool)
-    if len(frac) == len(reward):  # the completions still disagree at the end of the window (else: no_signal's)
-        short = run.window(steps)
-        recent = S.rolling_mean(frac, short)[width - short :] if width >= short else S.rolling_mean(frac, width)
-        signal = recent < value("zero_std_frac")
+    short = run.window(steps)  # the completions still disagree at the end of the window (else: no_signal's)
+    recent = S.rolling_mean(frac, short)[width - short :] if width >= short else S.rolling_mean(frac, width)
+    signal = recent < value("zero_std_frac")
     seen = np.fmax.accumulate(reward)[width - 1 :] - np.fmin.accumulate(reward)[width - 1 :]  # the range so far
     disagree = (spread > 0) & (spread >= value("plateau_spread") * seen)
     flat = (rises + 2 * se < value("plateau_tol") * spread) & disagree & signal  # (n − W + 1,) per window
@@ -513,10 +534,10 @@ def nonfinite(run: Run) -> list[Finding] | Skip:
 @check("grad_spikes")
 def grad_spikes(run: Run) -> list[Finding] | Skip:
     """A logged gradient norm many times the median of the ones before it (ZClip, arXiv:2504.02507)."""
-    steps, norm = run.series("grad_norm")
     history = int(value("grad_spike_history"))
-    if not len(steps):
+    if not len(run.series("grad_norm")[0]):
         return _needs("grad_spikes", "grad_norm", "transformers logs it when it clips gradients, max_grad_norm > 0")
+    steps, norm = run.finite("grad_norm")  # a non-finite norm is `nonfinite`'s
     if len(norm) <= history:
         return _too_short("grad_spikes", "grad_norm", len(norm), history + 1)
     before = np.lib.stride_tricks.sliding_window_view(norm[:-1], history)  # (n − H, H): the H rows before each
@@ -542,13 +563,11 @@ def grad_spikes(run: Run) -> list[Finding] | Skip:
 def generation_bound(run: Run) -> list[Finding] | Skip:
     """Nearly all of the step time goes to `model.generate` (`timing/generation`, logged with `run_doctor`, against
     TRL's `step_time`)."""
-    generation_steps, generation = run.series("timing/generation")
-    time_steps, step_time = run.series("step_time")
-    if not len(generation_steps):
-        return _needs("generation_bound", "timing/generation",
-                      "trl_grpo_ext's GRPOTrainer logs it with run_doctor=True")  # fmt: skip
-    steps, mine, theirs = np.intersect1d(generation_steps, time_steps, return_indices=True)
-    generation, step_time = generation[mine], step_time[theirs]
+    if not len(run.series("timing/generation")[0]):
+        return _needs(
+            "generation_bound", "timing/generation", "trl_grpo_ext's GRPOTrainer logs it with run_doctor=True"
+        )
+    steps, (generation, step_time) = run.aligned("timing/generation", "step_time")
     width = run.window(steps)
     if len(steps) < width:
         return _too_short("generation_bound", "timing/generation", len(steps), width)
@@ -578,11 +597,12 @@ def generation_bound(run: Run) -> list[Finding] | Skip:
 def memory(run: Run) -> list[Finding] | Skip:
     """The CUDA memory headroom: the peak reserved memory near the card's size (an out-of-memory error is close) or
     far below it over the run (room for larger generation batches)."""
-    steps, peak = run.series("memory/peak_reserved_gib")
-    _, total = run.series("memory/total_gib")
-    if not len(steps) or len(total) != len(peak):
+    if not len(run.series("memory/peak_reserved_gib")[0]):
         return _needs("memory", "memory/peak_reserved_gib", "logged with run_doctor=True on a CUDA device only")
-    share = np.maximum.accumulate(np.nan_to_num(peak)) / total
+    steps, (peak, total) = run.aligned("memory/peak_reserved_gib", "memory/total_gib")
+    if not len(steps):
+        return _too_short("memory", "memory/peak_reserved_gib and memory/total_gib", 0, 1)
+    share = np.maximum.accumulate(peak) / total
     high = np.flatnonzero(share >= value("memory_high"))
     if len(high):
         i = high[0]

@@ -63,16 +63,21 @@ def plot_dashboard(rows: list[dict], diagnosis: Diagnosis, path: str, title: str
     _plot_time(ax["time"], rows)
     if _plot(ax["grad_norm"], rows, "grad_norm", color="tab:red"):
         _, norm = S.series(rows, "grad_norm")
-        if (norm[np.isfinite(norm)] > 0).any():
-            ax["grad_norm"].set_yscale("log")
+        positive = norm[np.isfinite(norm) & (norm > 0)]
+        if len(positive):  # logarithmic above the smallest norm, linear down to 0 (a step without signal has 0)
+            ax["grad_norm"].set_yscale("symlog", linthresh=float(positive.min()))
     else:
         _empty(ax["grad_norm"], "grad_norm not logged")
     ax["grad_norm"].set(title="Gradient norm (before clipping)")
+    marked: dict[str, int] = {}
     for finding in diagnosis.findings:
-        panel = ax[PANEL_OF.get(finding.check, "reward")]
+        name = PANEL_OF.get(finding.check, "reward")
+        panel, row = ax[name], marked.get(name, 0)
+        marked[name] = row + 1
         panel.axvline(finding.step, color="red", linestyle="--", linewidth=1)
-        panel.text(finding.step, 0.98, f" {finding.check}", transform=panel.get_xaxis_transform(), color="red",
-                   fontsize=7, va="top")  # fmt: skip
+        label = finding.check if finding.subject == "run" else f"{finding.check}: {finding.subject}"
+        panel.text(finding.step, 0.98 - 0.07 * row, f" {label}", transform=panel.get_xaxis_transform(),
+                   color="red", fontsize=7, va="top")  # fmt: skip
     for panel in ax.values():
         panel.set_xlabel("step")
         panel.grid(alpha=0.3)

@@ -1,7 +1,7 @@
 """A run folder's logs read into rows for the run doctor (`load_run`).
 
-A run's output folder holds its log in up to three places, all read and merged by step (a later one fills in what
-an earlier one lacks):
+A run's output folder holds its log in up to three places, read in this order and merged by step (for a step and a
+key in more than one, the later file's value is kept: they are the same numbers):
     checkpoint-<N>/trainer_state.json   transformers' `log_history` up to each checkpoint (the newest readable one is
                                         used: a checkpoint being written may be incomplete)
     trainer_state.json                  the same, where `trainer.save_state()` wrote it at the end
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..callbacks import HISTORY_NAME
-from .series import GRPO_KEYS, is_grpo_log, training_rows
+from .series import GRPO_KEYS, has_step, is_grpo_log, training_rows
 
 STATE_NAME = "trainer_state.json"
 CHECKPOINT = re.compile(r"checkpoint-(\d+)$")
@@ -110,13 +110,19 @@ def load_run(path: str | Path) -> RunLog:
     if not readable:
         raise RunDirError(f"{path}: no readable training log ({'; '.join(notes)})")
     merged: dict[int, dict] = {}
-    for _, rows in readable:
+    for source, rows in readable:
+        stepless = sum(not has_step(row) for row in rows)
+        if stepless:
+            notes.append(f"{source}: {stepless} row(s) without a whole-number `step`: skipped")
         for row in training_rows(rows):
             merged.setdefault(row["step"], {}).update(row)
     if not is_grpo_log(list(merged.values())):
         logged = sorted({key for _, rows in readable for row in rows for key in row} - {"step", "epoch"})
         if not logged:
-            raise RunDirError(f"{path}: the log has no logged step yet (the first comes at logging_steps)")
+            raise RunDirError(
+                f"{path}: no training step logged in it yet (transformers logs the first at logging_steps, in the "
+                f"trainer_state.json of the first checkpoint; the recipe writes {HISTORY_NAME} at the end)"
+            )
         raise RunDirError(
             f"{path}: not a GRPO run's log: its rows have none of {list(GRPO_KEYS)} (they log {logged[:8]}"
             f"{'…' if len(logged) > 8 else ''}); the doctor reads logs of TRL's GRPOTrainer and trl_grpo_ext's"

@@ -17,9 +17,24 @@ def training_rows(log_history: list[dict]) -> list[dict]:
     """The training rows of `log_history`, in step order: those with a `step` and a GRPO key (`GRPO_KEYS`) or the
     training `loss` (a step that trained on a buffered generation batch logs no reward); the evaluation rows
     (`eval_*`) and the closing summary (`train_runtime`) are left out."""
-    rows = [row for row in log_history if "step" in row and "train_runtime" not in row
+    rows = [row for row in log_history if has_step(row) and "train_runtime" not in row
             and any(key in row for key in (*GRPO_KEYS, "loss"))]  # fmt: skip
     return sorted(rows, key=lambda row: row["step"])
+
+
+def has_step(row) -> bool:
+    """Whether `row` is a dict with a whole-number `step` (a hand-edited or foreign log may hold anything)."""
+    return isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row["step"], bool)
+
+
+def number(value) -> float | None:
+    """`value` as a float when it is a logged number (None is NaN: TRL logs one where no reward was valid), else
+    None (a string, a list: not a metric value)."""
+    if value is None:
+        return np.nan
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
 
 
 def is_grpo_log(rows: list[dict]) -> bool:
@@ -28,11 +43,11 @@ def is_grpo_log(rows: list[dict]) -> bool:
 
 
 def series(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
-    """(steps (n,), values (n,)) of the rows that log `key`; a None (TRL logs one when no reward was valid) is NaN."""
-    kept = [row for row in rows if key in row]
-    steps = np.array([row["step"] for row in kept], dtype=np.int64)
-    values = np.array([np.nan if row[key] is None else float(row[key]) for row in kept], dtype=np.float64)
-    return steps, values
+    """(steps (n,), values (n,)) of the rows that log `key` as a number (`number`: None is NaN, a value that is not
+    a number is left out)."""
+    kept = [(row["step"], v) for row in rows if key in row and (v := number(row[key])) is not None]
+    steps = np.array([step for step, _ in kept], dtype=np.int64)
+    return steps, np.array([v for _, v in kept], dtype=np.float64)
 
 
 def keys_like(rows: list[dict], prefix: str, suffix: str) -> list[str]:
@@ -49,13 +64,15 @@ def middles(keys, prefix: str, suffix: str) -> list[str]:
 
 
 class Columns:
-    """Training rows kept by metric as they come (key -> the steps and values that log it), so that reading a
-    metric costs one array conversion, not a pass over every row: what the callback appends to at each log."""
+    """Training rows kept by metric as they come (key -> the steps and values that log it, in arrays that double
+    when full), so that reading a metric costs one copy, not a pass over every row: what the callback appends to at
+    each log."""
 
     def __init__(self, rows: list[dict] = ()):
         self.rows: list[dict] = []
-        self._steps: dict[str, list[int]] = {}
-        self._values: dict[str, list[float]] = {}
+        self._steps: dict[str, np.ndarray] = {}  # key -> (capacity,) buffers, the first `_count[key]` in use
+        self._values: dict[str, np.ndarray] = {}
+        self._count: dict[str, int] = {}
         for row in rows:
             self.append(row)
 
@@ -63,26 +80,31 @@ class Columns:
         """Add one training row (rows come in step order)."""
         self.rows.append(row)
         for key, value in row.items():
-            if key == "step" or not (value is None or isinstance(value, int | float)):
+            if key == "step" or (v := number(value)) is None:
                 continue
-            self._steps.setdefault(key, []).append(row["step"])
-            self._values.setdefault(key, []).append(np.nan if value is None else float(value))
+            n = self._count.get(key, 0)
+            if n == len(self._values.get(key, ())):  # full: double the buffers
+                self._steps[key] = np.resize(self._steps.get(key, np.empty(0, np.int64)), max(16, 2 * n))
+                self._values[key] = np.resize(self._values.get(key, np.empty(0)), max(16, 2 * n))
+            self._steps[key][n], self._values[key][n] = row["step"], v
+            self._count[key] = n + 1
 
     def keys(self):
         return self._values.keys()
 
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
-        """As `series(self.rows, key)`."""
-        return np.array(self._steps.get(key, ()), dtype=np.int64), np.array(
-            self._values.get(key, ()), dtype=np.float64
-        )
+        """As `series(self.rows, key)` (copies: the buffers are written in place)."""
+        n = self._count.get(key, 0)
+        if not n:
+            return np.empty(0, dtype=np.int64), np.empty(0)
+        return self._steps[key][:n].copy(), self._values[key][:n].copy()
 
 
 def window_rows(steps: np.ndarray, span: float) -> int:
-    """W, the rows that cover `span` optimizer steps at this run's logging interval (the median gap between logged
+    """W, the rows that cover `span` optimizer steps at this run's logging interval (the mean gap between the logged
     steps), at least `MIN_WINDOW_ROWS`."""
-    gap = float(np.median(np.diff(steps))) if len(steps) > 1 else 1.0
-    return max(MIN_WINDOW_ROWS, math.ceil(span / max(gap, 1.0)))
+    gap = (float(steps[-1]) - float(steps[0])) / (len(steps) - 1) if len(steps) > 1 else 1.0
+    return max(MIN_WINDOW_ROWS, math.ceil(span / max(gap, 1.0) - 1e-9))
 
 
 def rolling_mean(values: np.ndarray, width: int) -> np.ndarray:
