@@ -16,7 +16,8 @@ from trl_grpo_ext import GRPOConfig, GRPOTrainer, cli
 from trl_grpo_ext.doctor import CHECKS, DoctorCallback, diagnose
 from trl_grpo_ext.doctor import callback as callback_module
 from trl_grpo_ext.doctor import series as S
-from trl_grpo_ext.doctor.checks import Run, Skip, _direction
+from trl_grpo_ext.doctor.checks import Run, Skip
+from trl_grpo_ext.doctor.learning import _direction
 from trl_grpo_ext.doctor.thresholds import THRESHOLDS
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 from trl_grpo_ext.policy_groups.stages import reward_rise

@@ -1,7 +1,11 @@
 """The run doctor: why a GRPO run is not learning, and what to change.
 
-    `checks`      the checks (`CHECKS`, a registry by name), each reading the logged metrics of a run and returning
-                  findings with their evidence and a suggestion, or saying why it was skipped; `diagnose` runs them
+    `checks`      what a check returns (`Finding`, `Skip`), the registry of checks by name (`CHECKS`), `diagnose`
+                  (runs them on a log)
+    `learning`    the checks of whether the run learns: no signal (overall and per policy group), truncation,
+                  format-only learning, a reward plateau
+    `stability`   entropy collapse and explosion, KL runaway, non-finite values, gradient-norm spikes
+    `resources`   generation-bound steps, CUDA memory headroom
     `thresholds`  every threshold the checks use, with the source it comes from (`THRESHOLDS`)
     `series`      the logged rows as arrays: training rows, one metric's values, windows of steps, trends
     `run_dir`     a run folder's logs (`trainer_state.json` in it and in its checkpoints, the recipe's

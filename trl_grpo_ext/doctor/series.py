@@ -133,25 +133,13 @@ def fmt(values: np.ndarray, limit: int = 6) -> str:
     return "[" + ", ".join(text) + "]"
 
 
-def forward_filled(values: np.ndarray) -> np.ndarray:
-    """`values` (n,) with each NaN replaced by the last finite value before it (the first finite one at the start)."""
-    finite = np.isfinite(values)
-    if finite.all() or not finite.any():
-        return np.nan_to_num(values)
-    index = np.where(finite, np.arange(len(values)), 0)
-    np.maximum.accumulate(index, out=index)
-    filled = values[index]
-    filled[: np.argmax(finite)] = values[np.argmax(finite)]
-    return filled
-
-
 def rolling_rise(values: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """(n − W + 1,) each window's least-squares rise and its standard error, in the units of `values`: what
-    `policy_groups.stages.reward_rise` computes for one window (ordinary least squares over t = 0..W−1), here for
-    every window at once from rolling sums; NaNs forward-filled."""
+    """(n − W + 1,) each window's least-squares rise and its standard error, in the units of `values` (n,) (finite
+    numbers): what `policy_groups.stages.reward_rise` computes for one window (ordinary least squares over
+    t = 0..W−1), here for every window at once from rolling sums."""
     if len(values) < width or width < MIN_WINDOW_ROWS:
         return np.empty(0), np.empty(0)
-    x = forward_filled(values)
+    x = np.asarray(values, dtype=np.float64)
     ones, t = np.ones(width), np.arange(width, dtype=np.float64)
     sum_x = np.convolve(x, ones, "valid")
     sum_xx = np.convolve(x * x, ones, "valid")

@@ -1,0 +1,163 @@
+"""The run doctor's checks of a run's stability: the entropy (collapse, explosion), the KL to the reference,
+non-finite values, gradient-norm spikes."""
+
+import numpy as np
+
+from . import series as S
+from .checks import Finding, Run, Skip, check, missing, span, too_short
+from .thresholds import value
+
+# ----- entropy ----------------------------------------------------------------------------------------------------
+
+
+def _entropy_windows(run: Run, name: str):
+    if not len(run.series("entropy")[0]):
+        return missing(name, "entropy", "TRL's GRPOTrainer logs the mean token entropy at every logging step")
+    steps, entropy = run.finite("entropy")
+    width = run.window(steps)
+    if len(entropy) < 2 * width:
+        return too_short(name, "entropy", len(entropy), 2 * width)
+    means = S.rolling_mean(entropy, width)
+    start = means[0]
+    later = np.arange(len(means)) >= width  # windows after the first one
+    return steps, entropy, width, means, start, later
+
+
+@check("entropy_collapse")
+def entropy_collapse(run: Run) -> list[Finding] | Skip:
+    """The mean token entropy fell to a small share of its start: the policy stopped exploring (Cui et al.,
+    arXiv:2505.22617)."""
+    windows = _entropy_windows(run, "entropy_collapse")
+    if isinstance(windows, Skip):
+        return windows
+    steps, entropy, width, means, start, later = windows
+    ratio = value("entropy_collapse_ratio")
+    end = S.first_window(later & (means <= ratio * start), width)
+    if end is None:
+        return []
+    return [Finding(
+        "entropy_collapse", "run", "entropy collapse: the policy has stopped exploring",
+        f"entropy {means[end - width + 1]:.3g} nats over {span(steps, end, width)}, "
+        f"{means[end - width + 1] / start:.0%} "
+        f"of its {start:.3g} over the first {width} rows (<= {ratio:.0%})",
+        f"entropy_reg=target with entropy_target={0.3 * start:.2g} (trl_grpo_ext keeps the entropy at a target), or "
+        f"entropy_reg=clip_cov; a larger upper clip ratio epsilon_high=0.28 (DAPO's clip-higher); temperature"
+        f"{run.now('temperature')} at 1.0",
+        int(steps[end]),
+    )]  # fmt: skip
+
+
+@check("entropy_explosion")
+def entropy_explosion(run: Run) -> list[Finding] | Skip:
+    """The mean token entropy rose far above its start: the completions are turning to noise."""
+    windows = _entropy_windows(run, "entropy_explosion")
+    if isinstance(windows, Skip):
+        return windows
+    steps, entropy, width, means, start, later = windows
+    ratio, nats = value("entropy_explosion_ratio"), value("entropy_explosion_nats")
+    end = S.first_window(later & (means >= ratio * start) & (means - start >= nats), width)
+    if end is None:
+        return []
+    return [Finding(
+        "entropy_explosion", "run", "entropy explosion: the completions are turning to noise",
+        f"entropy {means[end - width + 1]:.3g} nats over {span(steps, end, width)}, "
+        f"{means[end - width + 1] / start:.1f}x its {start:.3g} over the first {width} rows (>= {ratio}x)",
+        f"lower the entropy bonus (entropy_coef, entropy_target or entropy_coef_max), the learning_rate"
+        f"{run.now('learning_rate')} or the temperature{run.now('temperature')}; grad_reg=zclip bounds the "
+        "updates that push it",
+        int(steps[end]),
+    )]  # fmt: skip
+
+
+# ----- KL ---------------------------------------------------------------------------------------------------------
+
+
+@check("kl_runaway")
+def kl_runaway(run: Run) -> list[Finding] | Skip:
+    """The KL to the reference policy is large and still rising (TRL's `kl`, logged with beta > 0)."""
+    if not len(run.series("kl")[0]):
+        return missing(
+            "kl_runaway", "kl", "TRL logs it only with beta > 0: without a KL term there is none to run away"
+        )
+    steps, kl = run.finite("kl")
+    width = run.window(steps)
+    if len(kl) < width:
+        return too_short("kl_runaway", "kl", len(kl), width)
+    means = S.rolling_mean(kl, width)
+    rises, se = S.rolling_rise(kl, width)
+    end = S.first_window((means >= value("kl_level")) & (rises > 2 * se), width)
+    if end is None:
+        return []
+    return [Finding(
+        "kl_runaway", "run", "KL runaway: the policy keeps moving away from the reference",
+        f"kl {S.fmt(kl[end - width + 1 : end + 1])} nats/token over {span(steps, end, width)} (mean "
+        f"{means[end - width + 1]:.3g} >= {value('kl_level')}, rising {rises[end - width + 1]:.3g} ± "
+        f"{se[end - width + 1]:.2g} over the window)",
+        f"lower the learning_rate{run.now('learning_rate')}, raise beta{run.now('beta')} or let it adapt "
+        "(kl_target, trl_grpo_ext's adaptive KL coefficient), and look for a reward being gamed "
+        "(log_completions=True)",
+        int(steps[end]),
+    )]  # fmt: skip
+
+
+# ----- values and gradients ------------------------------------------------------------------------------------
+
+
+@check("nonfinite")
+def nonfinite(run: Run) -> list[Finding] | Skip:
+    """A reward, loss or gradient norm that is not finite, or optimizer steps skipped for non-finite gradients
+    (`grad_reg/skipped_steps`)."""
+    evidence, first = [], None
+    names = ["reward", *(f"rewards/{name}/mean" for name in run.keys_like("rewards/", "/mean")), "loss",
+             "grad_norm"]  # fmt: skip
+    for key in names:
+        steps, values = run.series(key)
+        bad = steps[~np.isfinite(values)]
+        if key == "reward":  # NaN is TRL's "no completion had a valid reward" only where every function was None
+            bad = steps[np.isinf(values)] if len(steps) else bad
+        if len(bad):
+            evidence.append(f"{key} not finite at steps {S.fmt(bad)}")
+            first = min(first if first is not None else bad[0], bad[0])
+    steps, skipped = run.series("grad_reg/skipped_steps")
+    if len(steps) and np.nanmax(skipped) > 0:
+        at = steps[np.argmax(skipped > 0)]
+        evidence.append(f"grad_reg/skipped_steps {int(np.nanmax(skipped))} by step {steps[-1]}")
+        first = min(first if first is not None else at, at)
+    if not evidence:
+        return []
+    return [Finding(
+        "nonfinite", "run", "non-finite values: a reward, the loss or the gradients",
+        "; ".join(evidence),
+        "make reward functions return finite numbers (None leaves a completion out); train in bf16=True rather than "
+        f"fp16; grad_reg=skip_nonfinite skips such an optimizer step without touching the weights; lower the "
+        f"learning_rate{run.now('learning_rate')}",
+        int(first),
+    )]  # fmt: skip
+
+
+@check("grad_spikes")
+def grad_spikes(run: Run) -> list[Finding] | Skip:
+    """A logged gradient norm many times the median of the ones before it (ZClip, arXiv:2504.02507)."""
+    history = int(value("grad_spike_history"))
+    if not len(run.series("grad_norm")[0]):
+        return missing("grad_spikes", "grad_norm", "transformers logs it when it clips gradients, max_grad_norm > 0")
+    steps, norm = run.finite("grad_norm")  # a non-finite norm is `nonfinite`'s
+    if len(norm) <= history:
+        return too_short("grad_spikes", "grad_norm", len(norm), history + 1)
+    before = np.lib.stride_tricks.sliding_window_view(norm[:-1], history)  # (n − H, H): the H rows before each
+    usable = np.isfinite(before).all(1) & (before > 0).all(1)  # steps without signal have a zero norm
+    median = np.where(usable, np.median(np.where(usable[:, None], before, 1.0), axis=1), np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = norm[history:] / median
+    spikes = np.flatnonzero(np.isfinite(ratio) & (ratio >= value("grad_spike_ratio")))
+    if not len(spikes):
+        return []
+    at = steps[history:][spikes]
+    return [Finding(
+        "grad_spikes", "run", f"gradient-norm spikes at {len(at)} step(s)",
+        f"grad_norm at steps {S.fmt(at)} was {S.fmt(ratio[spikes])}x the median of the {history} rows before it "
+        f"(>= {value('grad_spike_ratio')}x)",
+        f"grad_reg=zclip clips a spike against the recent norms (ZClip); keep max_grad_norm{run.now('max_grad_norm')} "
+        "at 1.0; log_completions=True shows the batch that caused it",
+        int(at[0]),
+    )]  # fmt: skip
