@@ -11,8 +11,9 @@
 2. `qlora_eval`: QLoRA (bitsandbytes 4-bit NF4 + LoRA) trains 2 GRPO steps on GSM8K problems and its LoRA weights
    move; the adapter is saved and `recipes/eval_gsm8k.py`'s `main` evaluates it in this process on 4 test problems
    (from `../shared/data/gsm8k` when present, else seeded GSM8K-format problems of `trl_grpo_ext.gsm8k.data`).
-3. `gpu_tests`: `pytest -m gpu` on the test files that hold GPU-marked tests (fast generation, resume, and the fp16
-   paths of the T4 preset and the quickstart notebook, `tests/test_fp16_gpu.py`), in a subprocess, with what is left of
+3. `gpu_tests`: `pytest -m gpu` on the test files that hold GPU-marked tests (fast generation, resume, the fp16
+   paths of the T4 preset and the quickstart notebook, `tests/test_fp16_gpu.py`, and the run doctor's CUDA memory
+   metrics, `tests/test_doctor.py`), in a subprocess, with what is left of
    `--time-budget` as its timeout. On CUDA a skipped test fails the check; with `--device cpu` they all skip and
    the check only shows that they collect.
 

@@ -6,7 +6,8 @@
 # checks (default): benchmarks/gpu_checks.py, inside 6 minutes, a PASS/FAIL line per check, exit code 1 if one failed:
 #   1. exact resume inside a generation cycle on CUDA (bf16, LoRA, every feature on), restored batch on the GPU;
 #   2. a QLoRA (4-bit NF4 + LoRA) GRPO step on GSM8K, then recipes/eval_gsm8k.py on the trained adapter;
-#   3. the GPU-marked tests (tests/test_generation_gpu.py, tests/test_resume_gpu.py).
+#   3. the GPU-marked tests (every tests/test_*.py holding one: fast generation, resume, fp16, the run doctor's
+#      CUDA memory metrics).
 # throughput: benchmarks/gpu_throughput.py: stock TRL's generation against each fast-generation setting and each
 #   preset (8 and 24 GB), seconds per step, completion tokens per second, merge share, peak memory beside the estimate.
 set -uo pipefail

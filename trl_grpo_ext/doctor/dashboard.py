@@ -4,7 +4,7 @@ finding of the run doctor marked on the panel of its metric."""
 import numpy as np
 
 from . import series as S
-from .checks import Diagnosis
+from .checks import Diagnosis, Run
 
 # the panel each check's findings are marked on
 PANEL_OF = {"no_signal": "zero_std", "truncation": "clipped", "entropy_collapse": "entropy",
@@ -14,8 +14,8 @@ PANEL_OF = {"no_signal": "zero_std", "truncation": "clipped", "entropy_collapse"
 PANELS = ("reward", "functions", "entropy", "kl", "clipped", "zero_std", "time", "grad_norm")
 
 
-def _plot(ax, rows, key, **kwargs) -> bool:
-    steps, values = S.series(rows, key)
+def _plot(ax, run: Run, key, **kwargs) -> bool:
+    steps, values = run.series(key)
     if len(steps):
         ax.plot(steps, values, marker="o", markersize=2, linewidth=1, **kwargs)
     return bool(len(steps))
@@ -36,34 +36,32 @@ def plot_dashboard(rows: list[dict], diagnosis: Diagnosis, path: str, title: str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = S.training_rows(rows)
+    run = Run(S.training_rows(rows))
     fig, axes = plt.subplots(2, 4, figsize=(17, 7.5))
     ax = dict(zip(PANELS, axes.flatten(), strict=True))
-    steps, reward = S.series(rows, "reward")
-    _, std = S.series(rows, "reward_std")
-    ax["reward"].plot(steps, reward, marker="o", markersize=2, linewidth=1, label="mean reward")
-    if len(std) == len(reward):
-        ax["reward"].fill_between(steps, reward - std, reward + std, alpha=0.2, label="± std within groups")
+    _plot(ax["reward"], run, "reward", label="mean reward")
+    steps, (reward, std) = run.aligned("reward", "reward_std")
+    ax["reward"].fill_between(steps, reward - std, reward + std, alpha=0.2, label="± std within groups")
     ax["reward"].set(title="Reward", ylabel="reward")
-    for name in S.keys_like(rows, "rewards/", "/mean"):
-        _plot(ax["functions"], rows, f"rewards/{name}/mean", label=name)
+    for name in run.keys_like("rewards/", "/mean"):
+        _plot(ax["functions"], run, f"rewards/{name}/mean", label=name)
     ax["functions"].set(title="Reward functions (accuracy, format, ...)", ylabel="mean reward")
-    _plot(ax["entropy"], rows, "entropy", color="tab:orange")
+    _plot(ax["entropy"], run, "entropy", color="tab:orange")
     ax["entropy"].set(title="Entropy of the policy", ylabel="nats / token")
-    if not _plot(ax["kl"], rows, "kl", color="tab:purple"):
+    if not _plot(ax["kl"], run, "kl", color="tab:purple"):
         _empty(ax["kl"], "kl not logged\n(beta = 0: no KL term)")
     ax["kl"].set(title="KL to the reference", ylabel="nats / token")
-    _plot(ax["clipped"], rows, "completions/clipped_ratio", label="completions truncated")
-    _plot(ax["clipped"], rows, "clip_ratio/region_mean", label="tokens PPO-clipped")
+    _plot(ax["clipped"], run, "completions/clipped_ratio", label="completions truncated")
+    _plot(ax["clipped"], run, "clip_ratio/region_mean", label="tokens PPO-clipped")
     ax["clipped"].set(title="Clipped ratio", ylabel="fraction", ylim=(-0.05, 1.05))
-    _plot(ax["zero_std"], rows, "frac_reward_zero_std", color="black", label="all generation groups")
-    for name in S.keys_like(rows, "policy_groups/", "/zero_std_frac"):
-        _plot(ax["zero_std"], rows, f"policy_groups/{name}/zero_std_frac", label=f"policy group {name}")
+    _plot(ax["zero_std"], run, "frac_reward_zero_std", color="black", label="all generation groups")
+    for name in run.keys_like("policy_groups/", "/zero_std_frac"):
+        _plot(ax["zero_std"], run, f"policy_groups/{name}/zero_std_frac", label=f"policy group {name}")
     ax["zero_std"].set(title="No signal: generation groups with one reward", ylabel="fraction", ylim=(-0.05, 1.05))
-    _plot_time(ax["time"], rows)
-    if _plot(ax["grad_norm"], rows, "grad_norm", color="tab:red"):
-        _, norm = S.series(rows, "grad_norm")
-        positive = norm[np.isfinite(norm) & (norm > 0)]
+    _plot_time(ax["time"], run)
+    if _plot(ax["grad_norm"], run, "grad_norm", color="tab:red"):
+        _, norm = run.finite("grad_norm")
+        positive = norm[norm > 0]
         if len(positive):  # logarithmic above the smallest norm, linear down to 0 (a step without signal has 0)
             ax["grad_norm"].set_yscale("symlog", linthresh=float(positive.min()))
     else:
@@ -92,19 +90,15 @@ def plot_dashboard(rows: list[dict], diagnosis: Diagnosis, path: str, title: str
     return path
 
 
-def _plot_time(ax, rows: list[dict]) -> None:
+def _plot_time(ax, run: Run) -> None:
     """Seconds per step: stacked generation / scoring / the rest where the run logged `timing/*`, else step time."""
-    kept = [row for row in rows if row.get("step_time") is not None]
     ax.set(title="Step time split", ylabel="seconds / step")
-    if not kept:
+    if not len(run.finite("step_time")[0]):
         _empty(ax, "step_time not logged")
         return
-    steps = [row["step"] for row in kept]
-    total = np.array([row["step_time"] for row in kept], dtype=np.float64)
-    if not any(row.get("timing/generation") is not None for row in kept):
-        ax.plot(steps, total, marker="o", markersize=2, linewidth=1, label="step (no timing/*: run_doctor off)")
+    steps, (total, generation, scoring) = run.aligned("step_time", "timing/generation", "timing/scoring")
+    if not len(steps):
+        _plot(ax, run, "step_time", label="step (no timing/*: run_doctor off)")
         return
-    generation = np.array([row.get("timing/generation") or 0.0 for row in kept])
-    scoring = np.array([row.get("timing/scoring") or 0.0 for row in kept])
     rest = np.maximum(total - generation - scoring, 0.0)
     ax.stackplot(steps, generation, scoring, rest, labels=["generation", "scoring", "training"], alpha=0.8)

@@ -42,20 +42,6 @@ def is_grpo_log(rows: list[dict]) -> bool:
     return any(key in row for row in rows for key in GRPO_KEYS)
 
 
-def series(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
-    """(steps (n,), values (n,)) of the rows that log `key` as a number (`number`: None is NaN, a value that is not
-    a number is left out)."""
-    kept = [(row["step"], v) for row in rows if key in row and (v := number(row[key])) is not None]
-    steps = np.array([step for step, _ in kept], dtype=np.int64)
-    return steps, np.array([v for _, v in kept], dtype=np.float64)
-
-
-def keys_like(rows: list[dict], prefix: str, suffix: str) -> list[str]:
-    """The middle parts of the keys `<prefix><middle><suffix>` any row logs, sorted (policy group names, reward
-    function names)."""
-    return middles({key for row in rows for key in row}, prefix, suffix)
-
-
 def middles(keys, prefix: str, suffix: str) -> list[str]:
     """The middle parts of the `keys` that read `<prefix><middle><suffix>`, sorted."""
     found = {key[len(prefix) : len(key) - len(suffix)] for key in keys
@@ -93,7 +79,8 @@ class Columns:
         return self._values.keys()
 
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
-        """As `series(self.rows, key)` (copies: the buffers are written in place)."""
+        """(steps (n,), values (n,)) of the rows that log `key` as a number (`number`: None is NaN, a value that is
+        not a number is left out); copies, as the buffers are written in place."""
         n = self._count.get(key, 0)
         if not n:
             return np.empty(0, dtype=np.int64), np.empty(0)
