@@ -171,6 +171,31 @@ def test_nonfinite_values_and_skipped_steps():
     assert checks_found(rows, "nonfinite") == []
 
 
+def test_fp16_loss_scaler_overflows_are_not_findings_but_a_scale_below_1_is():
+    # an fp16 run: the GradScaler's calibration overflows at steps 1-3 (scale 65536 halved each time), a T4 (no bf16)
+    scale = lambda t: np.where(t <= 3, 65536.0 / 2 ** (t - 1), 8192.0)  # noqa: E731
+    rows = log(30, loss_scale=scale, **{"device/bf16_supported": 0.0})
+    for row in rows[:3]:
+        row["grad_norm"] = float("inf")
+    assert checks_found(rows, "nonfinite") == []
+    # the same overflows counted by grad_reg (no loss_scale logged: the doctor was off during training)
+    counted = log(30, **{"grad_reg/scaler_overflows": lambda t: np.minimum(t, 3).astype(float)})
+    for row in counted[:3]:
+        row["grad_norm"] = float("inf")
+    assert checks_found(counted, "nonfinite") == []
+    # a diverging run: every step overflows and the scale falls below 1
+    diverging = log(30, loss_scale=lambda t: 65536.0 / 2 ** (t - 1), **{"device/bf16_supported": 0.0})
+    for row in diverging:
+        row["grad_norm"] = float("inf")
+    [finding] = checks_found(diverging, "nonfinite")
+    assert "loss scale fell to" in finding.evidence and "grad_norm not finite at steps [18, 19" in finding.evidence
+    assert finding.step == 18 and "bf16" not in finding.suggestion  # the card has none
+    on_a_bf16_card = log(30, **{"device/bf16_supported": 1.0})
+    on_a_bf16_card[4]["grad_norm"] = float("nan")
+    [finding] = checks_found(on_a_bf16_card, "nonfinite")
+    assert "train in bf16=True" in finding.suggestion
+
+
 def test_grad_spikes_against_the_recent_median_ignoring_steps_without_signal():
     rows = log(40)
     rows[25]["grad_norm"] *= 30

@@ -18,7 +18,8 @@ from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.generation import feature as generation_hooks
 from trl_grpo_ext.generation.feature import generation_copy_bytes, padded_prompt_length
 from trl_grpo_ext.generation.lora_merge import GenerationCopy, InplaceMerge, lora_linears, merged_weight
-from trl_grpo_ext.generation.static_cache import StaticCacheSizer, prompt_budget
+from trl_grpo_ext.generation.static_cache import StaticCaches, StaticCacheSizer, prompt_budget
+from trl_grpo_ext.trl_contact import generate_cache_argument
 
 LORA = dict(r=4, lora_alpha=8, target_modules="all-linear")
 TIMING_KEYS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
@@ -85,20 +86,44 @@ def test_padded_prompt_length_follows_pad_to_multiple_of():
 
 
 def test_static_cache_sizer_holds_the_budget_and_grows_only_for_a_longer_prompt(caplog):
-    config = GenerationConfig(max_new_tokens=16)
+    config = GenerationConfig(max_new_tokens=16, cache_implementation="static")
     sizer = StaticCacheSizer(config, "cpu")
-    assert (config.cache_implementation, config.disable_compile, config.max_cache_len) == ("static", False, None)
-    sizer.fit(70)  # first batch: 70 prompt tokens -> budget 128
-    assert config.max_cache_len == 128 + 16
-    sizer.fit(100)
-    assert (config.max_cache_len, sizer.grown) == (144, 0)
+    # the cache is the caller's (handed to generate), so transformers must not build one of its own
+    assert (config.cache_implementation, config.disable_compile, config.max_cache_len) == (None, False, None)
+    assert sizer.fit(70) == 128 + 16  # first batch: 70 prompt tokens -> budget 128
+    assert (sizer.fit(100), sizer.grown) == (144, 0)
     with caplog.at_level(logging.WARNING):
-        sizer.fit(129)
-    assert (config.max_cache_len, sizer.grown) == (192 + 16, 1)
-    assert "generation_max_prompt_length" in caplog.text
-    fixed = GenerationConfig(max_new_tokens=16)
-    StaticCacheSizer(fixed, "cpu", prompt_length=320)
-    assert fixed.max_cache_len == 336
+        assert sizer.fit(129) == 192 + 16
+    assert sizer.grown == 1 and "generation_max_prompt_length" in caplog.text
+    assert StaticCacheSizer(GenerationConfig(max_new_tokens=16), "cpu", prompt_length=320).fit(10) == 336
+
+
+def test_static_caches_keep_one_cache_per_batch_size_and_length_and_reset_it_in_place(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    caches = StaticCaches()
+    ids, mask = left_padded_prompts([5, 9])
+    config = GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+
+    def generate(cache):
+        with torch.no_grad():
+            return model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                  **{generate_cache_argument(model): cache})  # fmt: skip
+
+    cache = caches.for_generation(model, 2, 32)
+    first = generate(cache)  # fills the cache (allocated at the first forward)
+    assert torch.equal(first, greedy(model, ids, mask, new_tokens=8))  # what a fresh dynamic cache gives
+    keys = [layer.keys.data_ptr() for layer in cache.layers]
+    assert all(layer.keys.abs().sum() > 0 for layer in cache.layers)
+    again = caches.for_generation(model, 2, 32)
+    assert again is cache and caches.built == 1
+    assert all(int(layer.cumulative_length) == 0 and layer.keys.abs().sum() == 0 for layer in cache.layers)
+    assert torch.equal(generate(again), first)  # the reused cache generates the same tokens
+    assert [layer.keys.data_ptr() for layer in cache.layers] == keys  # in place: the same addresses
+    other = caches.for_generation(model, 4, 32)  # another batch size: a cache of its own, the first one kept
+    assert other is not cache and set(caches.caches) == {(2, 32), (4, 32)}
+    longer = caches.for_generation(model, 2, 64)  # a longer cache replaces those of the old length
+    assert longer is not cache and set(caches.caches) == {(2, 64)} and caches.built == 3
+    assert torch.equal(generate(longer), first)
 
 
 # --- merging without drift ---
@@ -286,16 +311,35 @@ def baseline_run(tiny_model_dir, tmp_path_factory):
         {"generation_lora_merge": "inplace"},
         {"generation_lora_merge": "copy"},
         {"generation_compile": True},
+        {"generation_compile": True, "generation_lora_merge": "inplace"},
         {"generation_compile": True, "generation_lora_merge": "copy"},
     ],
-    ids=["inplace", "copy", "compile", "copy+compile"],
+    ids=["inplace", "copy", "compile", "inplace+compile", "copy+compile"],
 )
-def test_training_with_a_lever_matches_stock_generation(tiny_model_dir, tmp_path, baseline_run, levers):
+def test_training_with_a_lever_matches_stock_generation(tiny_model_dir, tmp_path, baseline_run, levers, monkeypatch):
     """Seeded sampling: the same completions, so the same rewards, losses and final adapters, up to the last bits of
-    merged vs unmerged matmuls (fp32)."""
+    merged vs unmerged matmuls (fp32). With compilation, one static cache serves every generation, at fixed addresses,
+    and the decode step compiles once, over prompts of several padded lengths."""
+    import transformers
     from torch._dynamo.utils import counters
 
+    built, seen = [], []  # transformers StaticCaches constructed; (cache, its key addresses) at each generation
+
+    class CountedStaticCache(transformers.StaticCache):
+        def __init__(self, *args, **kwargs):
+            built.append(1)
+            super().__init__(*args, **kwargs)
+
+    def for_generation(self, model, batch_size, length):
+        cache = StaticCaches_for_generation(self, model, batch_size, length)
+        seen.append((id(cache), [layer.keys.data_ptr() for layer in cache.layers if layer.is_initialized]))
+        return cache
+
+    StaticCaches_for_generation = StaticCaches.for_generation
+    monkeypatch.setattr(transformers, "StaticCache", CountedStaticCache)
+    monkeypatch.setattr(StaticCaches, "for_generation", for_generation)
     trainer = _trainer(tiny_model_dir, tmp_path, max_steps=4, **levers)
+    assert trainer.fast_generation is None  # built at the first generation, where the model then is
     policy_base = base_weights(trainer.model)
     counters.clear()
     trainer.train()
@@ -314,6 +358,12 @@ def test_training_with_a_lever_matches_stock_generation(tiny_model_dir, tmp_path
         # 4 generations, prompts of several padded lengths: the decode step was compiled once and never again
         assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
         assert trainer.fast_generation.sizer.grown == 0
+        # 4 generations, one cache: built once, then reset in place with its tensors at the same addresses
+        assert len(built) == 1 and trainer.fast_generation.caches.built == 1
+        assert len(seen) == 4 and len({cache for cache, _ in seen}) == 1
+        assert seen[0][1] == [] and len(seen[1][1]) == 2 and all(keys == seen[1][1] for _, keys in seen[1:]), seen
+    else:
+        assert built == [] and seen == []  # TRL's dynamic cache, as in stock generation
 
 
 def test_a_generation_with_each_merge_leaves_the_policy_log_probabilities_unchanged(tiny_model_dir, tmp_path):

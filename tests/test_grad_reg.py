@@ -258,6 +258,56 @@ def test_nonfinite_step_is_skipped_and_training_goes_on(tiny_model_dir, tmp_path
     assert any(not torch.equal(final[n].detach(), params_after[n]) for n in params_after)  # step 3 trained
 
 
+def _with_loss_scaler(trainer, monkeypatch, init_scale: float) -> torch.amp.GradScaler:
+    """A real torch GradScaler in the trainer's accelerator, as accelerate installs one for fp16 on CUDA (it scales
+    the loss in `backward`, and the prepared optimizer steps through it); `unscale_gradients` unscales through it, as
+    accelerate's does under fp16. Installed before `train()` prepares the optimizer."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=1000)
+    monkeypatch.setattr(trainer.accelerator, "scaler", scaler)
+    monkeypatch.setattr(trainer.accelerator, "unscale_gradients",
+                        lambda optimizer=None: scaler.unscale_(trainer.optimizer.optimizer))  # fmt: skip
+    return scaler
+
+
+def test_fp16_loss_scaler_overflows_are_the_scalers_not_skipped_steps(tiny_model_dir, tmp_path, monkeypatch):
+    """Three overflows in a row (inf gradients at steps 1-3) with grad_reg_max_skips=2: the scaler skips each step and
+    halves its scale; no skipped step is counted, no error, ZClip sees only the finite steps, and the run doctor finds
+    nothing non-finite."""
+    from trl_grpo_ext.doctor import diagnose
+
+    trainer = _trainer(
+        tmp_path, tiny_model_dir, _TamperedTrainer, factors=dict.fromkeys((0, 1, 2), math.inf), grad_reg=["zclip"],
+        grad_reg_max_skips=2, max_steps=5, run_doctor=True, lr_scheduler_type="constant",
+    )  # fmt: skip
+    _with_loss_scaler(trainer, monkeypatch, init_scale=1024.0)
+    initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    state = trainer.grad_reg_state
+    assert (trainer.state.global_step, state.skipped, state.consecutive_skips, state.scaler_overflows) == (5, 0, 0, 3)
+    logs = {row["step"]: row for row in _rows(trainer, "grad_reg/scaler_overflows")}
+    assert [logs[s]["grad_reg/scaler_overflows"] for s in range(1, 6)] == [1.0, 2.0, 3.0, 3.0, 3.0]
+    assert [logs[s]["grad_reg/skipped_steps"] for s in range(1, 6)] == [0.0] * 5
+    assert [logs[s]["loss_scale"] for s in range(1, 6)] == [1024.0, 512.0, 256.0, 128.0, 128.0]  # halved per overflow
+    assert all(math.isinf(logs[s]["grad_norm"]) for s in (1, 2, 3)) and math.isfinite(logs[4]["grad_norm"])
+    assert len(state.zclip.buffer) == 2  # steps 4 and 5 (the warm-up buffer): no overflow in ZClip's statistics
+    assert trainer.optimizer.optimizer.state_dict()["state"][0]["step"] == 2  # AdamW stepped twice
+    assert any(not torch.equal(initial[n], p) for n, p in trainer.model.named_parameters())
+    assert [f for f in diagnose(trainer.state.log_history).findings if f.check == "nonfinite"] == []
+
+
+def test_overflows_below_a_loss_scale_of_1_are_divergence(tiny_model_dir, tmp_path, monkeypatch):
+    """At a scale below 1 an overflow is not the scaler's calibration: it counts as a skipped step, and
+    grad_reg_max_skips of them stop the run."""
+    trainer = _trainer(
+        tmp_path, tiny_model_dir, _TamperedTrainer, factors=dict.fromkeys(range(5), math.inf), grad_reg=["zclip"],
+        grad_reg_max_skips=2, max_steps=5,
+    )  # fmt: skip
+    _with_loss_scaler(trainer, monkeypatch, init_scale=0.5)
+    with pytest.raises(NonFiniteGradientError, match="grad_reg_max_skips=2"):
+        trainer.train()
+    assert (trainer.grad_reg_state.skipped, trainer.grad_reg_state.scaler_overflows) == (2, 0)
+
+
 def test_consecutive_nonfinite_steps_save_and_stop(tiny_model_dir, tmp_path):
     trainer = _trainer(
         tmp_path, tiny_model_dir, _TamperedTrainer, factors=dict.fromkeys(range(5), math.nan),
@@ -370,7 +420,7 @@ class _DeepSpeedTrainer:
             **small_grpo_kwargs("unused", grad_reg=grad_reg, zclip_warmup_steps=2, zclip_z_threshold=2.0)
         )
         self.args = config
-        self.accelerator = SimpleNamespace(distributed_type=DistributedType.DEEPSPEED)
+        self.accelerator = SimpleNamespace(distributed_type=DistributedType.DEEPSPEED, scaler=None)
         self.deepspeed = SimpleNamespace(optimizer=SimpleNamespace(clip_grad=1.0))
         self.state = SimpleNamespace(global_step=0)
         self._metrics = defaultdict(lambda: defaultdict(list))

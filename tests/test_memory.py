@@ -86,18 +86,23 @@ def test_fast_generation_terms_by_hand(tmp_path):
     # In place: the copy of the base weights is in host memory, nothing on the GPU.
     assert small_estimate(tmp_path, {"generation_lora_merge": "inplace"}).total == stock.total
     # Compiled: a static cache of 8 sequences · (prompt 8 rounded up to 64, + 8) tokens · 256 bytes = 147456, whole
-    # from the prefill, no concatenation copy; the workspace is the larger of prefill 65536 and decode 112000; the
-    # CUDA-graph pool 8 · (1000 + 3·128 + 4·64) · 2 = 26240, always resident.
+    # from the first prefill and kept for the run (resident, no KV cache in the generation phase); the workspace is
+    # the larger of prefill 65536 and decode 112000; the CUDA-graph pool 8 · (1000 + 3·128 + 4·64) · 2 = 26240,
+    # always resident.
     compiled = small_estimate(tmp_path, {"generation_compile": True})
-    assert compiled.kv_cache * GIB == pytest.approx(147456) and compiled.generation_workspace * GIB == 112000
+    assert compiled.static_cache * GIB == pytest.approx(147456) and compiled.kv_cache == 0
+    assert compiled.generation_workspace * GIB == 112000
     assert compiled.compile_workspace * GIB == pytest.approx(26240)
+    resident = stock.persistent + (147456 + 26240) / GIB
+    assert compiled.persistent == pytest.approx(resident)
+    assert compiled.total == pytest.approx(resident + max(compiled.training, 112000 / GIB))
     # A fixed prompt budget sizes the cache: (100 + 8) · 8 · 256 = 221184.
     budget = small_estimate(tmp_path, {"generation_compile": True, "generation_max_prompt_length": 100})
-    assert budget.kv_cache * GIB == pytest.approx(221184)
+    assert budget.static_cache * GIB == pytest.approx(221184)
     # A prompt longer than the budget grows the cache to the next multiple of 64, as the trainer does: 128 + 8.
     fixed = {"generation_compile": True, "generation_max_prompt_length": 64}
     longer = small_estimate(tmp_path, fixed, prompt_length=70)
-    assert longer.kv_cache * GIB == pytest.approx(8 * 136 * 256)
+    assert longer.static_cache * GIB == pytest.approx(8 * 136 * 256)
     # What the trainer refuses, the estimate refuses too, in the same words.
     for overrides, kwargs, match in (
         ({"generation_lora_merge": "copy"}, {"lora_r": None}, "merges LoRA adapters, but the model has none"),
@@ -389,7 +394,7 @@ def test_fit_warning_names_the_largest_terms():
         est = presets.warn_if_too_big(model_args, training_args, card_gib=8)
     message = str(record[0].message)
     names = [name for name, _ in est.largest(3)]
-    assert names[:2] == ["activations", "weights"]
+    assert names == ["weights", "generation_copy", "activations"]
     assert all(f"{name} {est.terms()[name]:.2f} GiB" in message for name in names), message
     assert "Qwen/Qwen2.5-3B-Instruct is estimated to peak at" in message and "8.0 GiB card" in message
     assert presets.warn_if_too_big(model_args, training_args, card_gib=None) is None  # no GPU: nothing to check

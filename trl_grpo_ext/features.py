@@ -87,6 +87,14 @@ def local_rows(trainer, prompt_rows: torch.Tensor, local_size: int) -> list[dict
     return [trainer.train_dataset[int(row)] for row in rows[start : start + local_size]]
 
 
+def loss_scaler(trainer) -> "torch.amp.GradScaler | None":
+    """The fp16 loss scaler the trainer's accelerator scales the loss with (`mixed_precision="fp16"`: torch's
+    `GradScaler`), None without one. A step whose scaled gradients overflow is the scaler's: it skips that optimizer
+    step itself and halves its scale (torch.amp docs, "Gradient scaling")."""
+    scaler = trainer.accelerator.scaler
+    return scaler if scaler is not None and scaler.is_enabled() else None
+
+
 class Feature:
     """One feature of the trainer. Each method is a point of the step (module docstring); the defaults do nothing,
     and `trainer.STEP` names the points each feature overrides (a test keeps the two in sync)."""

@@ -396,6 +396,24 @@ def compiles_in_one_graph(model_class: type) -> bool:
     return model_class._can_compile_fullgraph
 
 
+def generate_cache_argument(model: torch.nn.Module) -> str:
+    """The keyword under which `model.generate` takes a cache of the caller's: the name of the cache parameter of
+    the model's `forward` (`cache` from transformers 5.2x, `past_key_values` before; `generate` accepts the old name
+    only with a deprecation warning). `model` is a transformers model (for a PEFT model, its base model).
+
+    Raises:
+        TRLCompatibilityError: the model's `forward` takes neither.
+    """
+    parameters = inspect.signature(type(model).forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in parameters:
+            return name
+    raise TRLCompatibilityError(
+        f"generation_compile: {type(model).__name__}.forward takes no cache (neither 'cache' nor 'past_key_values'), "
+        f"so a static cache cannot be handed to generate ({_versions()})"
+    )
+
+
 _GRAD_HOOK = "make_inputs_require_grads"  # transformers' PreTrainedModel.enable_input_require_grads
 
 

@@ -44,9 +44,11 @@ size, a attention heads, k key-value heads, d head dim, V vocabulary, P prompt a
 * **fast generation** (`trl_grpo_ext.generation`). `generation_lora_merge="copy"`: **generation_copy**, one bf16 copy
   of the LoRA-targeted linear layers (2 bytes a weight; with 4-bit weights every decoder linear, dequantized), always
   resident. `"inplace"` keeps its copy of the base weights in host memory: nothing on the GPU. `generation_compile`:
-  a static cache of B sequences of `generation_max_prompt_length` (else P rounded up to 64) + C tokens, allocated
-  whole at the prefill (no concatenation copy), and **compile_workspace**, the CUDA-graph pool that stays allocated
-  between generations: the decode step's bf16 logits and one layer's intermediates, B·(V + 3I + 4h)·w.
+  **static_cache**, B sequences of `generation_max_prompt_length` (else P rounded up to 64) + C tokens, allocated
+  whole at the first prefill and kept for the run (its addresses stay fixed for the CUDA graph:
+  `generation.static_cache`), so resident rather than in the generation phase; and **compile_workspace**, the
+  CUDA-graph pool that stays allocated between generations: the decode step's bf16 logits and one layer's
+  intermediates, B·(V + 3I + 4h)·w.
 * **continuous batching** (TRL's `use_transformers_continuous_batching`): its paged cache takes `max_memory_percent`
   (TRL's default 0.5) of what the resident terms leave of the card, counted in `kv_cache`.
 * **overhead**: `OVERHEAD_GIB` = 1 GiB for the CUDA context (0.3-0.5 GiB), cuBLAS workspaces and the caching
@@ -90,11 +92,13 @@ class MemoryEstimate:
     vllm: float = 0.0
     generation_copy: float = 0.0
     compile_workspace: float = 0.0
+    static_cache: float = 0.0
     vllm_persistent: bool = False  # vLLM without sleep mode stays resident through training
 
     @property
     def persistent(self) -> float:
         extra = (self.vllm if self.vllm_persistent else 0.0) + self.generation_copy + self.compile_workspace
+        extra += self.static_cache
         return self.weights + self.adapters + self.optimizer + self.reference_model + self.overhead + extra
 
     @property
@@ -361,7 +365,7 @@ def estimate(
         model_config, b, seq_len, gradient_checkpointing=args.gradient_checkpointing, **layer_kwargs
     )
 
-    vllm, vllm_persistent, kv, workspace, copy, compiled = 0.0, False, 0, 0, 0, 0
+    vllm, vllm_persistent, kv, workspace, copy, compiled, static_kv = 0.0, False, 0, 0, 0, 0, 0
     sequences = args.generation_batch_size // max(args.world_size, 1)
     if hasattr(args, "generation_lora_merge"):  # a TRL GRPOConfig has none of this package's fields
         problem = model_setting_problem(args, lora=targets is not None, quantized=load_in_4bit)
@@ -397,6 +401,8 @@ def estimate(
             static = budget + completion
             compiled = compile_workspace_bytes(model_config, sequences)
         kv, workspace = generation_bytes(model_config, sequences, prompt_length, completion, static)
+        if static is not None:  # kept for the run: resident
+            static_kv, kv = kv, 0
 
     return MemoryEstimate(
         weights=weights / GIB,
@@ -412,6 +418,7 @@ def estimate(
         vllm=vllm,
         generation_copy=copy / GIB,
         compile_workspace=compiled / GIB,
+        static_cache=static_kv / GIB,
         vllm_persistent=vllm_persistent,
     )
 

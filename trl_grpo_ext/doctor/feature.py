@@ -7,8 +7,10 @@ Once per optimizer step, next to TRL's `step_time` (and averaged over a logging 
                         > 1 reuse a generation batch)
     timing/scoring      seconds from the end of generation to the advantages: reward functions, old and reference
                         log-probabilities, the gathers
-and on a CUDA device `memory/peak_reserved_gib` (the process's peak reserved memory so far) and `memory/total_gib`.
-Generation for an evaluation is not counted.
+on a CUDA device `memory/peak_reserved_gib` (the process's peak reserved memory so far), `memory/total_gib` and
+`device/bf16_supported` (1 where the card computes in bf16, 0 on one without, a T4), and with fp16 loss scaling
+`loss_scale`, the scale of the step's backward (`features.loss_scaler`; the value at the last step of a logging
+window, as `grad_norm` is). Generation for an evaluation is not counted.
 """
 
 import time
@@ -16,8 +18,8 @@ from contextlib import contextmanager
 
 import torch
 
-from ..features import Feature
-from ..trl_contact import metrics
+from ..features import Feature, loss_scaler
+from ..trl_contact import log_total, metrics
 from .callback import DoctorCallback
 
 
@@ -71,3 +73,8 @@ class RunDoctor(Feature):
         if device.type == "cuda":
             logged["memory/peak_reserved_gib"].append(torch.cuda.max_memory_reserved(device) / 2**30)
             logged["memory/total_gib"].append(torch.cuda.get_device_properties(device).total_memory / 2**30)
+            log_total(self.trainer, "train", "device/bf16_supported",
+                      float(torch.cuda.is_bf16_supported(including_emulation=False)))  # fmt: skip
+        scaler = loss_scaler(self.trainer)
+        if scaler is not None:  # the scale this step's backward used: the scaler updates it after the step
+            log_total(self.trainer, "train", "loss_scale", float(scaler.get_scale()))

@@ -106,7 +106,12 @@ def kl_runaway(run: Run) -> list[Finding] | Skip:
 @check("nonfinite")
 def nonfinite(run: Run) -> list[Finding] | Skip:
     """A reward, loss or gradient norm that is not finite, or optimizer steps skipped for non-finite gradients
-    (`grad_reg/skipped_steps`)."""
+    (`grad_reg/skipped_steps`).
+
+    Under fp16 loss scaling an infinite gradient norm is usually the scaler's calibration (torch.amp's GradScaler
+    skips that step and halves its scale): not a finding at a step whose logged `loss_scale` is at least 1, or where
+    `grad_reg/scaler_overflows` rose. A loss scale below 1 is one: the gradients overflow unscaled. The advice names
+    bf16 only where the card has it (`device/bf16_supported`, logged on CUDA)."""
     evidence, first = [], None
     names = ["reward", *(f"rewards/{name}/mean" for name in run.keys_like("rewards/", "/mean")), "loss",
              "grad_norm"]  # fmt: skip
@@ -115,6 +120,8 @@ def nonfinite(run: Run) -> list[Finding] | Skip:
         bad = steps[~np.isfinite(values)]
         if key == "reward":  # NaN is TRL's "no completion had a valid reward" only where every function was None
             bad = steps[np.isinf(values)] if len(steps) else bad
+        if key == "grad_norm":
+            bad = bad[~np.isin(bad, _scaler_overflow_steps(run))]
         if len(bad):
             evidence.append(f"{key} not finite at steps {S.fmt(bad)}")
             first = min(first if first is not None else bad[0], bad[0])
@@ -123,16 +130,35 @@ def nonfinite(run: Run) -> list[Finding] | Skip:
         at = steps[np.argmax(skipped > 0)]
         evidence.append(f"grad_reg/skipped_steps {int(np.nanmax(skipped))} by step {steps[-1]}")
         first = min(first if first is not None else at, at)
+    steps, scale = run.finite("loss_scale")
+    if len(steps) and scale.min() < 1:
+        at = steps[np.argmax(scale < 1)]
+        evidence.append(f"the fp16 loss scale fell to {scale.min():.3g} by step {at}: the gradients overflow unscaled")
+        first = min(first if first is not None else at, at)
     if not evidence:
         return []
+    bf16 = run.finite("device/bf16_supported")[1]
+    precision = "train in bf16=True rather than fp16; " if not (len(bf16) and bf16[-1] == 0) else ""
     return [Finding(
         "nonfinite", "run", "non-finite values: a reward, the loss or the gradients",
         "; ".join(evidence),
-        "make reward functions return finite numbers (None leaves a completion out); train in bf16=True rather than "
-        f"fp16; grad_reg=skip_nonfinite skips such an optimizer step without touching the weights; lower the "
+        f"make reward functions return finite numbers (None leaves a completion out); {precision}grad_reg="
+        f"skip_nonfinite skips such an optimizer step without touching the weights; lower the "
         f"learning_rate{run.now('learning_rate')}",
         int(first),
     )]  # fmt: skip
+
+
+def _scaler_overflow_steps(run: Run) -> np.ndarray:
+    """The steps whose non-finite gradient norm was the fp16 loss scaler's overflow: a logged `loss_scale` of at
+    least 1, or a rise of `grad_reg/scaler_overflows` (a running total) at that step."""
+    steps, scale = run.finite("loss_scale")
+    found = steps[scale >= 1]
+    count_steps, counts = run.finite("grad_reg/scaler_overflows")
+    if len(counts):
+        rose = np.diff(counts, prepend=0.0) > 0
+        found = np.union1d(found, count_steps[rose])
+    return found
 
 
 @check("grad_spikes")

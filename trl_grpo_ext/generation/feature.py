@@ -2,18 +2,30 @@
 generations (the `generation` point of `trainer.STEP`, TRL's `_generate_single_turn` through `trl_contact`).
 
 TRL 1.16 generates each batch in `_generate_single_turn`: it unwraps the policy (`unwrap_model_for_generation`) and
-calls `unwrapped_model.generate(**inputs, generation_config=self.generation_config)`. Around that call, in order:
+calls `unwrapped_model.generate(**inputs, generation_config=self.generation_config)`.
+
+What the settings need is built at the first generation (`FastGeneration.setup`), from the model as it is then: on
+its device (DDP, DeepSpeed ZeRO-1/2 and a model moved after `__init__` have put it there by then; at `__init__` a
+DeepSpeed model is still on the CPU) and in its dtype: the compile settings of that device (CUDA graphs on CUDA), the
+in-place merge's pinned host copy, the generation copy next to the weights it shares, and the copy's memory check.
+What can be refused from the settings and the model's structure is refused at `__init__` (`FastGenerationFeature.build`).
+
+Around each generation, in order:
 
 0. transformers' repeated `make_inputs_require_grads` hooks on the input embeddings are cut to one
    (`drop_repeated_input_grad_hooks` says why: stock training adds two per step).
-1. `generation_compile`: the static cache is sized for the batch's padded prompt length (`StaticCacheSizer.fit`);
-   the trainer's `generation_config` was switched to a static cache and compilation once, at init.
+1. `generation_compile`: the cache length is fitted to the batch's padded prompt length (`StaticCacheSizer.fit`),
+   and TRL's `generate` call is handed the run's static cache for its batch size (`StaticCaches`: built once, reset in
+   place), so the compiled decode step (a CUDA graph on CUDA) sees the same key/value tensors in every generation;
+   the trainer's `generation_config` was switched to compilation once, at setup.
 2. `generation_lora_merge="inplace"`: the adapters are merged into the base weights, TRL generates with PEFT's
    adapter layers disabled, and the base weights are restored bit for bit (`InplaceMerge.merged`), also on error.
-   `"copy"`: the copy's merged weights are refreshed once per optimizer step (`GenerationCopy.refresh`), and for the
-   duration of the call the unwrapped policy's `generate` is the copy's. After the call the trainer checks that TRL
-   did generate through it, so a TRL release that generates another way fails loudly instead of silently
-   generating from the unmerged model.
+   `"copy"`: the copy's merged weights are refreshed once per optimizer step (`GenerationCopy.refresh`), and TRL's
+   call generates from the copy.
+
+Both the cache and the copy reach TRL's call through the unwrapped policy's `generate`, replaced for the duration of
+the call (an instance attribute). After the call the trainer checks that TRL did generate through it, so a TRL release
+that generates another way fails loudly instead of silently generating from the unmerged model or without the cache.
 
 Logged (train mode): `fast_generation/merge_time`, the seconds of the merge and restore (inplace) or of the refresh
 (copy) in that generation, synchronized on CUDA.
@@ -33,10 +45,10 @@ from accelerate.utils import DistributedType
 
 from ..config import generation_levers
 from ..features import Feature
-from ..trl_contact import compiles_in_one_graph, drop_repeated_input_grad_hooks, metrics
+from ..trl_contact import compiles_in_one_graph, drop_repeated_input_grad_hooks, generate_cache_argument, metrics
 from .checks import model_setting_problem
 from .lora_merge import GenerationCopy, InplaceMerge, compute_dtype, is_quantized_linear, lora_linears
-from .static_cache import StaticCacheSizer
+from .static_cache import StaticCaches, StaticCacheSizer
 
 logger = logging.getLogger(__name__)
 GIB = 2**30
@@ -44,27 +56,59 @@ GIB = 2**30
 
 class FastGeneration:
     """What the fast-generation settings hold between generations: the merge (`InplaceMerge` or `GenerationCopy`, or
-    None) and the static-cache sizer (or None)."""
+    None), the static-cache sizer and the run's static caches (or None without `generation_compile`).
 
-    def __init__(self, merge: InplaceMerge | GenerationCopy | None, sizer: StaticCacheSizer | None):
+    Built by `setup`, at the first generation."""
+
+    def __init__(self, merge: InplaceMerge | GenerationCopy | None, sizer: StaticCacheSizer | None, device):
         self.merge = merge
         self.sizer = sizer
+        self.caches = StaticCaches() if sizer is not None else None
+        self.device = device  # where the model was at the first generation
         self.refreshed_step = None  # the optimizer step whose adapters the generation copy holds
 
-    @contextmanager
-    def generating(self, policy: torch.nn.Module, step: int):
-        """The block is one TRL generation with `policy` (the unwrapped model TRL generates with) at optimizer step
-        `step`. Yields a one-entry dict whose `merge_time` is set (seconds) once the block is done.
+    @classmethod
+    def setup(cls, trainer, policy: torch.nn.Module) -> "FastGeneration":
+        """Build what `trainer.args`' settings need for `policy` (the unwrapped model TRL generates with), where it
+        is now.
 
         Raises:
-            RuntimeError: with a generation copy, TRL did not call `policy.generate` inside the block.
+            ValueError: the generation copy does not fit in the GPU's free memory next to what training will still
+                allocate (`check_copy_fits`).
+        """
+        args = trainer.args
+        device = next(policy.parameters()).device
+        merge = None
+        if args.generation_lora_merge == "inplace":
+            merge = InplaceMerge(policy)
+            logger.info("generation_lora_merge='inplace': %.2f GiB of base weights kept in host memory",
+                        merge.backup_bytes() / GIB)  # fmt: skip
+        elif args.generation_lora_merge == "copy":
+            check_copy_fits(trainer, policy, device)
+            merge = GenerationCopy(policy)
+            logger.info("generation_lora_merge='copy': %.2f GiB generation copy", merge.copy_bytes() / GIB)
+        sizer = None
+        if args.generation_compile:
+            sizer = StaticCacheSizer(trainer.generation_config, device.type, args.generation_max_prompt_length)
+        return cls(merge, sizer, device)
+
+    @contextmanager
+    def generating(self, policy: torch.nn.Module, step: int, cache_length: int | None):
+        """The block is one TRL generation with `policy` (the unwrapped model TRL generates with) at optimizer step
+        `step`, with a static cache of `cache_length` tokens a sequence (None without `generation_compile`). Yields a
+        one-entry dict whose `merge_time` is set (seconds) once the block is done.
+
+        Raises:
+            RuntimeError: with a generation copy or a static cache, TRL did not call `policy.generate` inside the
+                block.
         """
         timing = {"merge_time": 0.0}
         if isinstance(self.merge, InplaceMerge):
             start = _now()
             with self.merge.merged():
                 timing["merge_time"] = _now() - start
-                yield timing
+                with self._routed(policy, policy, cache_length):
+                    yield timing
                 start = _now()
             timing["merge_time"] += _now() - start  # the restore
         elif isinstance(self.merge, GenerationCopy):
@@ -73,25 +117,44 @@ class FastGeneration:
                 self.merge.refresh()
                 self.refreshed_step = step
                 timing["merge_time"] = _now() - start
-            calls = []
-
-            def generate(*args, **kwargs):
-                calls.append(1)
-                return self.merge.model.generate(*args, **kwargs)
-
-            policy.generate = generate  # an instance attribute: it shadows PeftModel.generate until deleted
-            try:
+            with self._routed(policy, self.merge.model, cache_length):
                 yield timing
-            finally:
-                del policy.generate
-            if not calls:
-                raise RuntimeError(
-                    "generation_lora_merge='copy': TRL's _generate_single_turn no longer generates through "
-                    "unwrapped_model.generate, so the generation copy was not used. This TRL version is not supported "
-                    "with generation_lora_merge='copy'."
-                )
         else:
-            yield timing
+            with self._routed(policy, policy, cache_length):
+                yield timing
+
+    @contextmanager
+    def _routed(self, policy: torch.nn.Module, generator: torch.nn.Module, cache_length: int | None):
+        """Within the block, `policy.generate` is `generator.generate` (the policy's own, or the copy's) with the
+        static cache for the call's batch size added; a plain block when neither applies."""
+        if generator is policy and self.caches is None:
+            yield
+            return
+        target = generator.generate  # bound before the instance attribute below shadows the class's method
+        cache_model = generator.get_base_model() if hasattr(generator, "get_base_model") else generator
+        keyword = generate_cache_argument(cache_model) if self.caches is not None else None
+        calls = []
+
+        def generate(*args, **kwargs):
+            calls.append(1)
+            if keyword is not None:
+                config = kwargs.get("generation_config") or cache_model.generation_config
+                per_prompt = max(config.num_beams or 1, config.num_return_sequences or 1)  # None: transformers' 1
+                sequences = kwargs["input_ids"].shape[0] * per_prompt
+                kwargs[keyword] = self.caches.for_generation(cache_model, sequences, cache_length)
+            return target(*args, **kwargs)
+
+        policy.generate = generate  # an instance attribute: it shadows PeftModel.generate until deleted
+        try:
+            yield
+        finally:
+            del policy.generate
+        if not calls:
+            raise RuntimeError(
+                "fast generation: TRL's _generate_single_turn no longer generates through unwrapped_model.generate, "
+                "so the generation copy and the static cache were not used. This TRL version is not supported with "
+                "generation_lora_merge='copy' or generation_compile=True."
+            )
 
 
 def _now() -> float:
@@ -125,15 +188,68 @@ def generation_copy_bytes(model: torch.nn.Module) -> int:
     return sum(layer.in_features * layer.out_features for layer in layers) * element
 
 
+def training_still_allocates(trainer, policy: torch.nn.Module) -> int | None:
+    """Bytes that training will allocate on the device after the first generation starts, by the memory estimate
+    (`consumer_gpu.memory.estimate`): the optimizer state (created at the first optimizer step), the larger of the
+    training phase (gradients, activations, logits) and the generation phase (KV cache, workspace), and with
+    `generation_compile` the static cache and the CUDA-graph pool. None where the estimate does not model the
+    model (its architecture or its LoRA settings)."""
+    from peft import PeftModel
+
+    from ..consumer_gpu.memory import GIB as ESTIMATE_GIB
+    from ..consumer_gpu.memory import estimate
+
+    if not isinstance(policy, PeftModel):
+        return None
+    lora = policy.peft_config[policy.active_adapter]
+    base = policy.get_base_model()
+    quantized = any(is_quantized_linear(m) for m in base.modules())
+    targets = lora.target_modules
+    targets = sorted(targets) if isinstance(targets, set) else targets
+    args = trainer.args
+    try:
+        terms = estimate(base.config, args, lora_r=lora.r, lora_target_modules=targets, lora_dropout=lora.lora_dropout,
+                         load_in_4bit=quantized)  # fmt: skip
+    except (ValueError, KeyError, AttributeError, TypeError):
+        return None
+    upcoming = terms.optimizer + max(terms.training, terms.generation) + terms.static_cache + terms.compile_workspace
+    return int(upcoming * ESTIMATE_GIB)
+
+
+def check_copy_fits(trainer, policy: torch.nn.Module, device: torch.device) -> None:
+    """Refuse a generation copy that does not fit in the free memory of `device` next to what training will still
+    allocate (`training_still_allocates`); no check off CUDA.
+
+    Raises:
+        ValueError: naming the copy's size, the estimate and the free memory.
+    """
+    free = free_device_memory(device)
+    if free is None:
+        return
+    needed = generation_copy_bytes(policy)
+    upcoming = training_still_allocates(trainer, policy)
+    if needed + (upcoming or 0) <= free:
+        return
+    more = "" if upcoming is None else (
+        f" and training will still allocate about {upcoming / GIB:.2f} GiB (optimizer state, gradients, activations, "
+        "KV cache: the memory estimate)"
+    )  # fmt: skip
+    raise ValueError(
+        f"generation_lora_merge='copy' needs {needed / GIB:.2f} GiB for the generation copy{more}, but only "
+        f"{free / GIB:.2f} GiB of the GPU is free: use 'inplace' (LoRA on unquantized weights) or 'none', or lower "
+        "the memory use (trl-grpo-ext memory --config ... shows it)"
+    )
+
+
 class FastGenerationFeature(Feature):
-    """Fast generation in the trainer (`fast`, a `FastGeneration`): built when `generation_compile` or
-    `generation_lora_merge` is set, once the model is loaded."""
+    """Fast generation in the trainer (`fast`, a `FastGeneration`, None until the first generation builds it): a
+    feature when `generation_compile` or `generation_lora_merge` is set."""
 
     name = "fast_generation"
 
-    def __init__(self, trainer, fast: FastGeneration):
+    def __init__(self, trainer):
         super().__init__(trainer)
-        self.fast = fast
+        self.fast: FastGeneration | None = None
 
     @classmethod
     def build(cls, trainer) -> "FastGenerationFeature | None":
@@ -142,9 +258,9 @@ class FastGenerationFeature(Feature):
         Raises:
             ValueError: a lever that cannot apply, naming the setting and why: what `checks.model_setting_problem`
                 refuses (a merge without LoRA, `inplace` into quantized weights, compilation of a bitsandbytes model
-                without `copy`); `inplace` on a weight tied to the embeddings; a generation copy larger than the free
-                GPU memory; compilation on CUDA without Triton; any lever under FSDP or DeepSpeed ZeRO-3 (sharded
-                weights); continuous batching with bitsandbytes weights.
+                without `copy`); `inplace` on a weight tied to the embeddings; LoRA layers that do not merge exactly;
+                compilation on CUDA without Triton; compilation with `tools` (multi-turn); any lever under FSDP or
+                DeepSpeed ZeRO-3 (sharded weights); continuous batching with bitsandbytes weights.
         """
         args = trainer.args
         policy = trainer.accelerator.unwrap_model(trainer.model)
@@ -171,62 +287,65 @@ class FastGenerationFeature(Feature):
         problem = model_setting_problem(args, lora=isinstance(policy, PeftModel), quantized=quantized)
         if problem is not None:
             raise ValueError(problem)
-        device_type = next(policy.parameters()).device.type
-        if args.generation_compile:
-            dropout = [m.lora_dropout for m in policy.modules() if hasattr(m, "lora_dropout")]
-            if any(not isinstance(d, torch.nn.Identity) for mods in dropout for d in mods.values()):
-                logger.warning(
-                    "generation_compile=True with lora_dropout > 0: TRL generates in train mode, so PEFT applies LoRA "
-                    "dropout while decoding, and the compiled decode step draws its dropout masks from another "
-                    "random stream than eager code: the completions differ from stock TRL's."
-                )
-            from peft import PeftModel
-
-            generator = type(policy.get_base_model() if isinstance(policy, PeftModel) else policy)
-            if not compiles_in_one_graph(generator):
-                logger.warning(
-                    "generation_compile=True: transformers does not mark %s as compiling in one graph "
-                    "(_can_compile_fullgraph is False), so its decode step may break into several graphs and gain "
-                    "less from compilation.",
-                    generator.__name__,
-                )
-            if device_type == "cuda" and importlib.util.find_spec("triton") is None:
-                raise ValueError(
-                    "generation_compile=True needs Triton for torch.compile on CUDA, which is not installed: "
-                    "pip install triton (on Windows: pip install triton-windows)"
-                )
-        merge = None
         if mode == "inplace":
-            merge = InplaceMerge(policy)
-            logger.info("generation_lora_merge='inplace': %.2f GiB of base weights kept in host memory",
-                        merge.backup_bytes() / GIB)  # fmt: skip
+            InplaceMerge.check(policy)
         elif mode == "copy":
-            needed = generation_copy_bytes(policy)
-            free = free_device_memory(next(policy.parameters()).device)
-            if free is not None and needed > free:
-                raise ValueError(
-                    f"generation_lora_merge='copy' needs {needed / GIB:.2f} GiB for the generation copy, but only "
-                    f"{free / GIB:.2f} GiB of the GPU is free: use 'inplace' (LoRA on unquantized weights) or 'none', "
-                    "or lower the memory use (trl-grpo-ext memory --config ... shows it)"
-                )
-            merge = GenerationCopy(policy)
-            logger.info("generation_lora_merge='copy': %.2f GiB generation copy", needed / GIB)
-        sizer = None
+            lora_linears(policy.get_base_model())
         if args.generation_compile:
-            sizer = StaticCacheSizer(trainer.generation_config, device_type, args.generation_max_prompt_length)
-        return cls(trainer, FastGeneration(merge, sizer))
+            _check_compile(trainer, policy)
+        return cls(trainer)
 
     @contextmanager
     def generation(self, prompt_ids: list[list[int]]):
-        trainer, fast = self.trainer, self.fast
-        if fast.sizer is not None:
-            fast.sizer.fit(padded_prompt_length(prompt_ids, trainer.args.pad_to_multiple_of))
+        trainer = self.trainer
         policy = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+        if self.fast is None:
+            self.fast = FastGeneration.setup(trainer, policy)
+        fast = self.fast
+        cache_length = None
+        if fast.sizer is not None:
+            cache_length = fast.sizer.fit(padded_prompt_length(prompt_ids, trainer.args.pad_to_multiple_of))
         drop_repeated_input_grad_hooks(policy)
-        with fast.generating(policy, trainer.state.global_step) as timing:
+        with fast.generating(policy, trainer.state.global_step, cache_length) as timing:
             yield
         if fast.merge is not None and trainer.model.training:
             metrics(trainer, "train")["fast_generation/merge_time"].append(timing["merge_time"])
+
+
+def _check_compile(trainer, policy: torch.nn.Module) -> None:
+    """The init-time checks and warnings of `generation_compile` for `policy`.
+
+    Raises:
+        ValueError: `tools` (multi-turn generation), or CUDA without Triton.
+    """
+    from peft import PeftModel
+
+    if getattr(trainer, "tools", None):
+        raise ValueError(
+            "generation_compile=True with tools: each tool-calling turn generates for another batch size and prompt "
+            "length, so every turn would build its own static cache and compile the decode step again, slower than "
+            "TRL's dynamic cache; set generation_compile=False (generation_lora_merge still applies)"
+        )
+    dropout = [m.lora_dropout for m in policy.modules() if hasattr(m, "lora_dropout")]
+    if any(not isinstance(d, torch.nn.Identity) for mods in dropout for d in mods.values()):
+        logger.warning(
+            "generation_compile=True with lora_dropout > 0: TRL generates in train mode, so PEFT applies LoRA "
+            "dropout while decoding, and the compiled decode step draws its dropout masks from another "
+            "random stream than eager code: the completions differ from stock TRL's."
+        )
+    generator = type(policy.get_base_model() if isinstance(policy, PeftModel) else policy)
+    if not compiles_in_one_graph(generator):
+        logger.warning(
+            "generation_compile=True: transformers does not mark %s as compiling in one graph "
+            "(_can_compile_fullgraph is False), so its decode step may break into several graphs and gain "
+            "less from compilation.",
+            generator.__name__,
+        )
+    if trainer.accelerator.device.type == "cuda" and importlib.util.find_spec("triton") is None:
+        raise ValueError(
+            "generation_compile=True needs Triton for torch.compile on CUDA, which is not installed: "
+            "pip install triton (on Windows: pip install triton-windows)"
+        )
 
 
 def _check_continuous_batching(args, policy: torch.nn.Module, quantized: bool) -> None:

@@ -101,26 +101,37 @@ class InplaceMerge:
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
-        self.layers = lora_linears(model)
-        quantized = [name for name, layer in self.layers.items() if is_quantized_linear(layer.get_base_layer())]
+        self.layers = self.check(model)
+        pin = torch.cuda.is_available() and any(x.get_base_layer().weight.is_cuda for x in self.layers.values())
+        self.backup = {}
+        for name, layer in self.layers.items():
+            weight = layer.get_base_layer().weight.detach()
+            # allocated page-locked (on CUDA) and copied into, so the host holds one copy, and the restore is a DMA
+            self.backup[name] = torch.empty(weight.shape, dtype=weight.dtype, device="cpu", pin_memory=pin)
+            self.backup[name].copy_(weight)
+
+    @staticmethod
+    def check(model: torch.nn.Module) -> dict[str, LoraLayer]:
+        """The LoRA layers an in-place merge would change (`lora_linears`), once checked that it can.
+
+        Raises:
+            ValueError: as the class says (quantized or tied base weights, a layer `lora_linears` refuses).
+        """
+        layers = lora_linears(model)
+        quantized = [name for name, layer in layers.items() if is_quantized_linear(layer.get_base_layer())]
         if quantized:
             raise ValueError(
                 f"generation_lora_merge='inplace' cannot merge into quantized weights ({quantized[0]} is "
                 "bitsandbytes-quantized; a requantized merge is lossy): use generation_lora_merge='copy'"
             )
         embeddings = model.get_input_embeddings().weight
-        tied = [name for name, layer in self.layers.items() if layer.get_base_layer().weight is embeddings]
+        tied = [name for name, layer in layers.items() if layer.get_base_layer().weight is embeddings]
         if tied:
             raise ValueError(
                 f"generation_lora_merge='inplace': {tied[0]} shares its weight with the embeddings (tied), which a "
                 "merge would change for every use of them: use generation_lora_merge='copy'"
             )
-        pin = torch.cuda.is_available() and any(x.get_base_layer().weight.is_cuda for x in self.layers.values())
-        self.backup = {
-            name: layer.get_base_layer().weight.detach().to("cpu", copy=True) for name, layer in self.layers.items()
-        }
-        if pin:  # page-locked, so that the restore is a plain DMA copy
-            self.backup = {name: tensor.pin_memory() for name, tensor in self.backup.items()}
+        return layers
 
     def backup_bytes(self) -> int:
         """Host memory the copy of the base weights takes, in bytes."""

@@ -18,7 +18,7 @@ import torch
 from accelerate.utils import DistributedType, broadcast_object_list
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..features import Feature
+from ..features import Feature, loss_scaler
 from ..resume import checkpoint_problem
 from ..trl_contact import grad_norm, log_total, metrics, output_dir, save_checkpoint
 from .adaptive_kl import AdaptiveKL, per_token_kl
@@ -39,8 +39,13 @@ class GradReg(Feature):
 
     Non-finite guard: a step whose total gradient norm is NaN or Inf gets every `.grad` set to None, so torch's
     optimizers and bitsandbytes' 8-bit ones leave both the parameters and their state (moments, step counts) as they
-    were. The learning-rate schedule still advances by one step, and the step still counts in `global_step` (under
-    fp16 loss scaling, torch's GradScaler also skips such a step, and then the schedule does not advance).
+    were. The learning-rate schedule still advances by one step, and the step still counts in `global_step`.
+
+    fp16 loss scaling (`features.loss_scaler`): an overflow while the loss scale is at least 1 is the scaler's
+    calibration, not divergence: torch's GradScaler skips that optimizer step itself (the schedule does not advance)
+    and halves its scale. Such a step is counted in `grad_reg/scaler_overflows`, not as a skipped step, never toward
+    `grad_reg_max_skips`, and leaves ZClip's statistics alone. Once the scale is below 1 the gradients overflow
+    unscaled: such a step counts as a skipped step like any other.
 
     DeepSpeed (written against DeepSpeed 0.19 ZeRO-1/2, not run here): DeepSpeed clips and steps inside `backward`,
     before `_clip_grad_norm` runs, at its optimizer's `clip_grad`, and skips non-finite steps itself. So before each
@@ -104,6 +109,13 @@ class GradReg(Feature):
         else:
             norm = grad_norm(trainer, model)  # () the total norm over all processes, not clipped (unscaled first)
         value = float(norm)  # the same on every process
+        scaler = loss_scaler(trainer)
+        scale = None if scaler is None else float(scaler.get_scale())  # the scale of this step's backward
+        if not math.isfinite(value) and scale is not None and scale >= 1:  # the scaler's: it skips the step itself
+            state.scaler_overflows += 1
+            log_total(trainer, "train", "grad_reg/scaler_overflows", float(state.scaler_overflows))
+            log_total(trainer, "train", "grad_reg/skipped_steps", float(state.skipped))
+            return norm
         if not math.isfinite(value):
             for p in model.parameters():
                 p.grad = None
@@ -123,6 +135,8 @@ class GradReg(Feature):
         self.log("grad_reg/threshold", bound)
         self.log("grad_reg/clipped", float(norm > bound))
         log_total(self.trainer, "train", "grad_reg/skipped_steps", float(self._state.skipped))
+        if loss_scaler(self.trainer) is not None:
+            log_total(self.trainer, "train", "grad_reg/scaler_overflows", float(self._state.scaler_overflows))
         for name, value in logged.items():
             self.log(name, value)
 
