@@ -1,21 +1,30 @@
-"""The CUDA machine's checks (issue #12), in one process that ends inside 6 minutes on one H200, offline:
+"""The CUDA machine's checks (issues #12, #27), in one process that ends inside 6 minutes on one H200, offline:
 
     python benchmarks/gpu_checks.py                   # CUDA, bf16 (scripts/gpu_check.sh runs it on a device machine)
     python benchmarks/gpu_checks.py --device cpu      # the same logic on the CPU, fp32 (the GPU-marked tests skip)
-    python benchmarks/gpu_checks.py --checks resume qlora_eval
+    python benchmarks/gpu_checks.py --checks rerecord resume
 
-1. `resume`: a run with bf16, LoRA and every feature on (policy groups, entropy regularization, ZClip + AGC, the
+The most telling first:
+
+1. `rerecord`: the re-record probe. A trainer with the 8 GB preset's fast generation (LoRA, `generation_compile`,
+   `generation_lora_merge="inplace"`) generates 150 times through TRL's generation path, 8 prompts of 3-40 tokens
+   each; every 10 calls it prints the seconds of the call, the CUDA graphs recorded so far and the device memory.
+   Passes when the recordings stop growing after the first 10 calls, inductor skipped no CUDA graph, the run kept
+   one static cache (`tests.test_generation_gpu.generation_probe`); the detail gives the median call time from
+   call 10 on and the slowest sampled call against it (a re-recording run would grow with the calls).
+2. `resume`: a run with bf16, LoRA and every feature on (policy groups, entropy regularization, ZClip + AGC, the
    adaptive KL coefficient) resumed from a checkpoint inside a generation cycle continues exactly as the
    uninterrupted one, and the buffered generation batch restored from the checkpoint is on the device
    (`tests.test_resume_gpu.resume_inside_cycle`, the GPU test's case `every_feature_bf16_weights`).
-2. `qlora_eval`: QLoRA (bitsandbytes 4-bit NF4 + LoRA) trains 2 GRPO steps on GSM8K problems and its LoRA weights
+3. `qlora_eval`: QLoRA (bitsandbytes 4-bit NF4 + LoRA) trains 2 GRPO steps on GSM8K problems and its LoRA weights
    move; the adapter is saved and `recipes/eval_gsm8k.py`'s `main` evaluates it in this process on 4 test problems
    (from `../shared/data/gsm8k` when present, else seeded GSM8K-format problems of `trl_grpo_ext.gsm8k.data`).
-3. `gpu_tests`: `pytest -m gpu` on the test files that hold GPU-marked tests (fast generation, resume, the fp16
-   paths of the T4 preset and the quickstart notebook, `tests/test_fp16_gpu.py`, and the run doctor's CUDA memory
-   metrics, `tests/test_doctor.py`), in a subprocess, with what is left of
-   `--time-budget` as its timeout. On CUDA a skipped test fails the check; with `--device cpu` they all skip and
-   the check only shows that they collect.
+4. `gpu_tests`: `pytest -m gpu` on the test files that hold GPU-marked tests (fast generation as the presets run it:
+   in-place and copy merges with compilation, LoRA and 4-bit, bf16 and the T4 preset's fp16, 50 generations each;
+   resume; the fp16 paths of the T4 preset and the quickstart notebook, `tests/test_fp16_gpu.py`; the run doctor's
+   CUDA memory metrics, `tests/test_doctor.py`), in a subprocess, with what is left of `--time-budget` as its
+   timeout. On CUDA a skipped test fails the check; with `--device cpu` they all skip and the check only shows that
+   they collect.
 
 Every model is the tiny random-init Qwen2 of `trl_grpo_ext.tiny_model`, built here: nothing is downloaded. Prints one
 `PASS <check>: <detail>` or `FAIL <check>: <reason>` line per check (the traceback of a failure goes to stderr).
@@ -40,8 +49,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_common, also whe
 from gpu_common import REPO_ROOT, environment_problem  # noqa: E402
 
 GSM8K_DIR = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
-CHECKS = ("resume", "qlora_eval", "gpu_tests")
+CHECKS = ("rerecord", "resume", "qlora_eval", "gpu_tests")
+PROBE_CALLS = int(os.environ.get("GPU_CHECK_PROBE_CALLS", "150"))  # fewer for a CPU smoke run
 EVAL_PROBLEMS = 4
+
+
+def check_rerecord(model_dir: str, work: Path, device: str, dtype: str) -> str:
+    import statistics
+
+    from tests.test_generation_gpu import generation_probe, probe_trainer
+
+    trainer = probe_trainer(model_dir, work / "probe", merge="inplace", dtype=dtype, device=device)
+    rows, skips = generation_probe(trainer, calls=PROBE_CALLS)
+    for row in rows:
+        print(f"  probe call {row['call']:>3}: {row['seconds'] * 1000:7.1f} ms, CUDA graphs recorded "
+              f"{row['recordings']}, allocated {row['allocated_gib']:.3f} GiB, reserved {row['reserved_gib']:.3f} GiB",
+              flush=True)  # fmt: skip
+    late = [row for row in rows if row["call"] >= 10]
+    grew = late[-1]["recordings"] - late[0]["recordings"]
+    assert grew == 0, f"CUDA graphs recorded grew by {grew} from call {late[0]['call']} to call {late[-1]['call']}"
+    assert skips == 0, f"inductor skipped CUDA graphs {skips} times"
+    caches = trainer.fast_generation.caches
+    assert caches.built == 1, f"{caches.built} static caches built: {sorted(caches.caches)}"
+    median = statistics.median(row["seconds"] for row in late)
+    slowest = max(row["seconds"] for row in late)
+    if device == "cuda":
+        assert late[-1]["recordings"] >= 1, "no CUDA graph was recorded: the decode step did not run as a CUDA graph"
+    first = rows[0]["seconds"]
+    return (f"{PROBE_CALLS} generations: {late[-1]['recordings']} CUDA graphs recorded from call 10 on, no growth, "
+            f"0 skips, 1 static cache; first call {first:.1f} s, then median {median * 1000:.1f} ms, slowest "
+            f"{slowest / median:.1f}x the median")  # fmt: skip
 
 
 def check_resume(model_dir: str, work: Path, device: str, dtype: str) -> str:
@@ -194,7 +231,9 @@ def main(argv=None) -> int:
         for name in args.checks:
             began = time.perf_counter()
             try:
-                if name == "resume":
+                if name == "rerecord":
+                    detail = check_rerecord(model_dir, work, args.device, dtype)
+                elif name == "resume":
                     detail = check_resume(model_dir, work, args.device, dtype)
                 elif name == "qlora_eval":
                     detail = check_qlora_eval(model_dir, work, args.device, dtype)

@@ -2,14 +2,21 @@
 # The GPU check of the code that only CUDA exercises, for a device machine (one call each, about 6 minutes):
 #   here:   bash ../shared/tools/gpu_wheels.sh          # .whl/ with trl, datasets, bitsandbytes, math-verify, ...
 #   there:  bash scripts/gpu_check.sh                   # carry .whl; results go to $OUT (else /tmp/gpu_check)
-#           bash scripts/gpu_check.sh throughput        # the throughput benchmark, in a call of its own
-# checks (default): benchmarks/gpu_checks.py, inside 6 minutes, a PASS/FAIL line per check, exit code 1 if one failed:
-#   1. exact resume inside a generation cycle on CUDA (bf16, LoRA, every feature on), restored batch on the GPU;
-#   2. a QLoRA (4-bit NF4 + LoRA) GRPO step on GSM8K, then recipes/eval_gsm8k.py on the trained adapter;
-#   3. the GPU-marked tests (every tests/test_*.py holding one: fast generation, resume, fp16, the run doctor's
-#      CUDA memory metrics).
-# throughput: benchmarks/gpu_throughput.py: stock TRL's generation against each fast-generation setting and each
-#   preset (8 and 24 GB), seconds per step, completion tokens per second, merge share, peak memory beside the estimate.
+#           bash scripts/gpu_check.sh throughput        # the throughput benchmark, in a second call
+# checks (default): benchmarks/gpu_checks.py, inside 6 minutes, a PASS/FAIL line per check, the most telling first,
+# exit code 1 if one failed:
+#   1. rerecord: the re-record probe, 150 generations with the 8 GB preset's fast generation (LoRA, compiled decode
+#      step, in-place merge): time per call, CUDA graphs recorded and device memory every 10 calls; the recordings
+#      must stop growing, no CUDA graph skipped, one static cache;
+#   2. exact resume inside a generation cycle on CUDA (bf16, LoRA, every feature on), restored batch on the GPU;
+#   3. a QLoRA (4-bit NF4 + LoRA) GRPO step on GSM8K, then recipes/eval_gsm8k.py on the trained adapter;
+#   4. the GPU-marked tests (every tests/test_*.py holding one): the presets' fast generation trained and probed over
+#      50 generations (in-place and copy + compile, LoRA and 4-bit, bf16 and the T4 preset's fp16 with its loss
+#      scaler), resume, fp16, the run doctor's CUDA memory metrics.
+# throughput: benchmarks/gpu_throughput.py, the 8 GB preset's stock and preset rows first (in $OUT/first), then its
+#   single levers (compile, inplace, copy) until the budget is spent (a row left out for time says "skipped", it is
+#   no failure): seconds per step, completion tokens per second, merge share, peak memory beside the estimate. The
+#   24 GB preset and the QLoRA rows: python3 benchmarks/gpu_throughput.py --presets 24gb, in a call of its own.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-checks}"
@@ -25,7 +32,10 @@ case "$mode" in
   checks)
     timeout 360 python3 benchmarks/gpu_checks.py --time-budget 330 2>&1 | tee "$out/gpu_checks.log" ;;
   throughput)
-    python3 benchmarks/gpu_throughput.py --time-budget 330 --output-dir "$out" 2>&1 | tee "$out/gpu_throughput.log" ;;
+    python3 benchmarks/gpu_throughput.py --presets 8gb --configs stock preset --time-budget 200 --output-dir "$out/first" \
+      2>&1 | tee "$out/gpu_throughput_first.log"
+    python3 benchmarks/gpu_throughput.py --presets 8gb --configs compile inplace copy --time-budget 130 \
+      --output-dir "$out" 2>&1 | tee "$out/gpu_throughput.log" ;;
   *)
     echo "usage: bash scripts/gpu_check.sh [checks|throughput]" >&2
     exit 2 ;;

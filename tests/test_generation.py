@@ -451,10 +451,63 @@ def test_a_run_with_compiled_copy_generation_resumes_exactly(tiny_model_dir, tmp
     assert check_resume(config, tmp_path, tiny_model_dir) <= 1e-6
 
 
-def test_a_generation_copy_larger_than_the_free_gpu_memory_is_refused(tiny_model_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(generation_hooks, "free_device_memory", lambda device: 1000)  # bytes
-    with pytest.raises(ValueError, match=r"needs 0\.00 GiB for the generation copy, but only 0\.00 GiB"):
-        _trainer(tiny_model_dir, tmp_path, generation_lora_merge="copy")
+def test_a_generation_copy_that_does_not_fit_beside_training_is_refused_at_the_first_generation(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    trainer = _trainer(tiny_model_dir, tmp_path, generation_lora_merge="copy", generation_compile=True)
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    copy_bytes = generation_copy_bytes(policy)
+    # gradients and AdamW's two moments of the fp32 adapters, and the static cache: 8 sequences of (64 + 16) tokens,
+    # K and V of 2 layers, 2 heads of 16 fp32 numbers each
+    adapters = sum(p.numel() * 4 for p in policy.parameters() if p.requires_grad)
+    upcoming = 3 * adapters + 8 * 80 * 2 * 2 * 2 * 16 * 4
+    assert generation_hooks.training_still_allocates(trainer, policy, 80) == upcoming
+    monkeypatch.setattr(generation_hooks, "free_device_memory", lambda device: copy_bytes + upcoming - 1)  # bytes
+    with pytest.raises(ValueError, match=r"needs 0\.00 GiB for the generation copy, and training will allocate at"):
+        trainer._generate_single_turn([[5, 6, 7], [8, 9, 10, 11]], None, {}, 2)  # padded to 4 tokens: budget 64
+    monkeypatch.setattr(generation_hooks, "free_device_memory", lambda device: copy_bytes + upcoming)
+    trainer._generate_single_turn([[5, 6, 7], [8, 9, 10, 11]], None, {}, 2)
+
+
+def test_fast_generation_is_built_where_the_model_is_at_the_first_generation(tiny_model_dir, tmp_path):
+    """As under DeepSpeed (which moves the model in `train()`), the model changes after `__init__`: here its dtype,
+    to bf16. What fast generation builds follows the model at the first generation: the in-place merge's host copy
+    and the generation copy in bf16, the compile settings set then and not before."""
+    for mode in ("inplace", "copy"):
+        trainer = _trainer(tiny_model_dir, tmp_path / mode, generation_lora_merge=mode, generation_compile=True)
+        assert trainer.fast_generation is None and trainer.generation_config.disable_compile  # TRL's, untouched
+        trainer.model.to(torch.bfloat16)  # moved after __init__
+        policy = trainer.accelerator.unwrap_model(trainer.model)
+        fast = generation_hooks.FastGeneration.setup(trainer, policy, longest_prompt=10)
+        assert fast.device == next(policy.parameters()).device and fast.sizer is not None
+        assert not trainer.generation_config.disable_compile and trainer.generation_config.cache_implementation is None
+        if mode == "inplace":
+            assert all(t.dtype == torch.bfloat16 for t in fast.merge.backup.values())
+            for name, layer in fast.merge.layers.items():
+                assert torch.equal(fast.merge.backup[name], layer.get_base_layer().weight.detach())
+        else:
+            assert all(w.dtype == torch.bfloat16 for w in fast.merge.owned.values())
+            assert next(fast.merge.model.parameters()).dtype == torch.bfloat16
+
+
+def test_compile_with_tools_is_refused_at_init(tiny_model_dir, tmp_path):
+    def add(a: int, b: int) -> int:
+        """Add two numbers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        return a + b
+
+    with pytest.raises(ValueError, match="generation_compile=True with tools: each tool-calling turn"):
+        GRPOTrainer(
+            model=tiny_model_dir,
+            reward_funcs=[length_reward],
+            args=GRPOConfig(**small_grpo_kwargs(tmp_path, generation_compile=True)),
+            train_dataset=_dataset(),
+            tools=[add],
+        )
 
 
 def test_continuous_batching_warns_that_fp32_adapters_become_bf16(tiny_model_dir, tmp_path, caplog):

@@ -7,6 +7,7 @@ a plain call to TRL's method.
 """
 
 import contextlib
+import inspect
 import logging
 import math
 import os
@@ -22,6 +23,7 @@ from .dataset_checks import check_dataset_columns, with_row_column
 from .doctor.feature import RunDoctor
 from .entropy.feature import EntropyReg
 from .features import Feature, Regroup
+from .generation.checks import multi_turn_problem
 from .generation.feature import FastGenerationFeature
 from .grad_reg.feature import GradReg
 from .policy_groups.feature import PolicyGroups, check_policy_group_setup
@@ -38,6 +40,7 @@ from .resume import (
 from .trl_contact import GRPOLoopState, TRLContact, output_dir, stop_memory_tracking
 
 logger = logging.getLogger(__name__)
+_TRL_INIT = inspect.signature(TRLContact.__init__)  # TRL's GRPOTrainer.__init__: which argument is which
 
 # The features, in the order they are built (each `build` returns None when its settings are off).
 FEATURES = (PolicyGroups, PromptSkip, EntropyReg, GradReg, FastGenerationFeature, RunDoctor)
@@ -124,7 +127,8 @@ class GRPOTrainer(TRLContact):
     Raises:
         ValueError: policy grouping with an iterable or missing training dataset; a column that a reward function
             or `policy_group_column` reads missing from the training dataset (the message names the column, the
-            function and the dataset's columns; raised before the model is loaded); `grad_reg` with `agc` under
+            function and the dataset's columns; raised before the model is loaded); `generation_compile` with
+            `tools` or `environment_factory` (before the model is loaded); `grad_reg` with `agc` under
             DeepSpeed or FSDP; a fast-generation setting that cannot apply to this model
             (`generation.feature.FastGenerationFeature.build` says which).
 
@@ -152,6 +156,10 @@ class GRPOTrainer(TRLContact):
         check_policy_group_setup(args, grouping)
         eval_dataset = more[0] if more else kwargs.get("eval_dataset")
         check_dataset_columns(train_dataset, reward_funcs, args, eval_dataset)  # before the model is loaded
+        given = _TRL_INIT.bind_partial(None, model, reward_funcs, args, train_dataset, *more, **kwargs).arguments
+        problem = multi_turn_problem(args, bool(given.get("tools") or given.get("environment_factory")))
+        if problem is not None:
+            raise ValueError(problem)
         if grouping or args.prompt_skip:  # both keep statistics per dataset row
             train_dataset = with_row_column(train_dataset, "policy grouping" if grouping else "prompt_skip")
         super().__init__(model, reward_funcs, args, train_dataset, *more, **kwargs)

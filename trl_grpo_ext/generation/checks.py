@@ -29,3 +29,15 @@ def model_setting_problem(args, *, lora: bool, quantized: bool) -> str | None:
             "generate from an unquantized copy, which compiles"
         )
     return None
+
+
+def multi_turn_problem(args, multi_turn: bool) -> str | None:
+    """Why `generation_compile` cannot serve a multi-turn run (`tools` or `environment_factory` given to the
+    trainer), or None."""
+    if args.generation_compile and multi_turn:
+        return (
+            "generation_compile=True with tools: each tool-calling turn generates for another batch size and prompt "
+            "length, so every turn would build its own static cache and compile the decode step again, slower than "
+            "TRL's dynamic cache; set generation_compile=False (generation_lora_merge still applies)"
+        )
+    return None

@@ -68,9 +68,9 @@ class FastGeneration:
         self.refreshed_step = None  # the optimizer step whose adapters the generation copy holds
 
     @classmethod
-    def setup(cls, trainer, policy: torch.nn.Module) -> "FastGeneration":
+    def setup(cls, trainer, policy: torch.nn.Module, longest_prompt: int) -> "FastGeneration":
         """Build what `trainer.args`' settings need for `policy` (the unwrapped model TRL generates with), where it
-        is now.
+        is now, for a first batch of `longest_prompt` prompt tokens (padded).
 
         Raises:
             ValueError: the generation copy does not fit in the GPU's free memory next to what training will still
@@ -78,18 +78,18 @@ class FastGeneration:
         """
         args = trainer.args
         device = next(policy.parameters()).device
+        sizer = None
+        if args.generation_compile:
+            sizer = StaticCacheSizer(trainer.generation_config, device.type, args.generation_max_prompt_length)
         merge = None
         if args.generation_lora_merge == "inplace":
             merge = InplaceMerge(policy)
             logger.info("generation_lora_merge='inplace': %.2f GiB of base weights kept in host memory",
                         merge.backup_bytes() / GIB)  # fmt: skip
         elif args.generation_lora_merge == "copy":
-            check_copy_fits(trainer, policy, device)
+            check_copy_fits(trainer, policy, device, 0 if sizer is None else sizer.fit(longest_prompt))
             merge = GenerationCopy(policy)
             logger.info("generation_lora_merge='copy': %.2f GiB generation copy", merge.copy_bytes() / GIB)
-        sizer = None
-        if args.generation_compile:
-            sizer = StaticCacheSizer(trainer.generation_config, device.type, args.generation_max_prompt_length)
         return cls(merge, sizer, device)
 
     @contextmanager
@@ -188,54 +188,44 @@ def generation_copy_bytes(model: torch.nn.Module) -> int:
     return sum(layer.in_features * layer.out_features for layer in layers) * element
 
 
-def training_still_allocates(trainer, policy: torch.nn.Module) -> int | None:
-    """Bytes that training will allocate on the device after the first generation starts, by the memory estimate
-    (`consumer_gpu.memory.estimate`): the optimizer state (created at the first optimizer step), the larger of the
-    training phase (gradients, activations, logits) and the generation phase (KV cache, workspace), and with
-    `generation_compile` the static cache and the CUDA-graph pool. None where the estimate does not model the
-    model (its architecture or its LoRA settings)."""
-    from peft import PeftModel
-
-    from ..consumer_gpu.memory import GIB as ESTIMATE_GIB
-    from ..consumer_gpu.memory import estimate
-
-    if not isinstance(policy, PeftModel):
-        return None
-    lora = policy.peft_config[policy.active_adapter]
-    base = policy.get_base_model()
-    quantized = any(is_quantized_linear(m) for m in base.modules())
-    targets = lora.target_modules
-    targets = sorted(targets) if isinstance(targets, set) else targets
+def training_still_allocates(trainer, policy: torch.nn.Module, cache_tokens: int) -> int:
+    """A lower bound, in bytes, of what training allocates on the device after the first generation starts: the
+    gradients of the trainable parameters, the optimizer state (created at the first optimizer step: AdamW's two
+    moments in the parameters' dtype, two bytes a parameter for an 8-bit optimizer, none counted for others) and,
+    with `generation_compile`, the static cache of a generation batch (`cache_tokens` tokens a sequence; K and V of
+    every layer). Activations and workspaces come on top (`trl-grpo-ext memory` estimates them)."""
     args = trainer.args
-    try:
-        terms = estimate(base.config, args, lora_r=lora.r, lora_target_modules=targets, lora_dropout=lora.lora_dropout,
-                         load_in_4bit=quantized)  # fmt: skip
-    except (ValueError, KeyError, AttributeError, TypeError):
-        return None
-    upcoming = terms.optimizer + max(terms.training, terms.generation) + terms.static_cache + terms.compile_workspace
-    return int(upcoming * ESTIMATE_GIB)
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    gradients = sum(p.numel() * p.element_size() for p in trainable)
+    optim = str(getattr(args.optim, "value", args.optim))
+    states = 2 * sum(p.numel() for p in trainable) if "8bit" in optim else 2 * gradients if "adam" in optim else 0
+    cache = 0
+    if cache_tokens:
+        config = policy.config.get_text_config(decoder=True)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        element = torch.empty((), dtype=compute_dtype(policy)).element_size()
+        per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * element
+        cache = per_token * cache_tokens * (args.generation_batch_size // max(trainer.accelerator.num_processes, 1))
+    return gradients + states + cache
 
 
-def check_copy_fits(trainer, policy: torch.nn.Module, device: torch.device) -> None:
+def check_copy_fits(trainer, policy: torch.nn.Module, device: torch.device, cache_tokens: int) -> None:
     """Refuse a generation copy that does not fit in the free memory of `device` next to what training will still
     allocate (`training_still_allocates`); no check off CUDA.
 
     Raises:
-        ValueError: naming the copy's size, the estimate and the free memory.
+        ValueError: naming the copy's size, what training still allocates and the free memory.
     """
     free = free_device_memory(device)
     if free is None:
         return
     needed = generation_copy_bytes(policy)
-    upcoming = training_still_allocates(trainer, policy)
-    if needed + (upcoming or 0) <= free:
+    upcoming = training_still_allocates(trainer, policy, cache_tokens)
+    if needed + upcoming <= free:
         return
-    more = "" if upcoming is None else (
-        f" and training will still allocate about {upcoming / GIB:.2f} GiB (optimizer state, gradients, activations, "
-        "KV cache: the memory estimate)"
-    )  # fmt: skip
     raise ValueError(
-        f"generation_lora_merge='copy' needs {needed / GIB:.2f} GiB for the generation copy{more}, but only "
+        f"generation_lora_merge='copy' needs {needed / GIB:.2f} GiB for the generation copy, and training will "
+        f"allocate at least {upcoming / GIB:.2f} GiB more (gradients, optimizer state, static cache), but only "
         f"{free / GIB:.2f} GiB of the GPU is free: use 'inplace' (LoRA on unquantized weights) or 'none', or lower "
         "the memory use (trl-grpo-ext memory --config ... shows it)"
     )
@@ -259,7 +249,7 @@ class FastGenerationFeature(Feature):
             ValueError: a lever that cannot apply, naming the setting and why: what `checks.model_setting_problem`
                 refuses (a merge without LoRA, `inplace` into quantized weights, compilation of a bitsandbytes model
                 without `copy`); `inplace` on a weight tied to the embeddings; LoRA layers that do not merge exactly;
-                compilation on CUDA without Triton; compilation with `tools` (multi-turn); any lever under FSDP or
+                compilation on CUDA without Triton; any lever under FSDP or
                 DeepSpeed ZeRO-3 (sharded weights); continuous batching with bitsandbytes weights.
         """
         args = trainer.args
@@ -299,12 +289,11 @@ class FastGenerationFeature(Feature):
     def generation(self, prompt_ids: list[list[int]]):
         trainer = self.trainer
         policy = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+        longest = padded_prompt_length(prompt_ids, trainer.args.pad_to_multiple_of)
         if self.fast is None:
-            self.fast = FastGeneration.setup(trainer, policy)
+            self.fast = FastGeneration.setup(trainer, policy, longest)
         fast = self.fast
-        cache_length = None
-        if fast.sizer is not None:
-            cache_length = fast.sizer.fit(padded_prompt_length(prompt_ids, trainer.args.pad_to_multiple_of))
+        cache_length = None if fast.sizer is None else fast.sizer.fit(longest)
         drop_repeated_input_grad_hooks(policy)
         with fast.generating(policy, trainer.state.global_step, cache_length) as timing:
             yield
@@ -316,16 +305,10 @@ def _check_compile(trainer, policy: torch.nn.Module) -> None:
     """The init-time checks and warnings of `generation_compile` for `policy`.
 
     Raises:
-        ValueError: `tools` (multi-turn generation), or CUDA without Triton.
+        ValueError: CUDA without Triton.
     """
     from peft import PeftModel
 
-    if getattr(trainer, "tools", None):
-        raise ValueError(
-            "generation_compile=True with tools: each tool-calling turn generates for another batch size and prompt "
-            "length, so every turn would build its own static cache and compile the decode step again, slower than "
-            "TRL's dynamic cache; set generation_compile=False (generation_lora_merge still applies)"
-        )
     dropout = [m.lora_dropout for m in policy.modules() if hasattr(m, "lora_dropout")]
     if any(not isinstance(d, torch.nn.Identity) for mods in dropout for d in mods.values()):
         logger.warning(
