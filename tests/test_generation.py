@@ -15,8 +15,10 @@ from trl.trainer.grpo_trainer import GRPOTrainer as TRLGRPOTrainer
 from tests.conftest import length_reward, small_grpo_kwargs
 from tests.resume_check import check_resume, launch_phase
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
+from trl_grpo_ext.generation import device_memory
 from trl_grpo_ext.generation import feature as generation_hooks
-from trl_grpo_ext.generation.feature import generation_copy_bytes, padded_prompt_length
+from trl_grpo_ext.generation.device_memory import generation_copy_bytes
+from trl_grpo_ext.generation.feature import padded_prompt_length
 from trl_grpo_ext.generation.lora_merge import GenerationCopy, InplaceMerge, lora_linears, merged_weight
 from trl_grpo_ext.generation.static_cache import StaticCaches, StaticCacheSizer, prompt_budget
 from trl_grpo_ext.trl_contact import generate_cache_argument
@@ -461,11 +463,11 @@ def test_a_generation_copy_that_does_not_fit_beside_training_is_refused_at_the_f
     # K and V of 2 layers, 2 heads of 16 fp32 numbers each
     adapters = sum(p.numel() * 4 for p in policy.parameters() if p.requires_grad)
     upcoming = 3 * adapters + 8 * 80 * 2 * 2 * 2 * 16 * 4
-    assert generation_hooks.training_still_allocates(trainer, policy, 80) == upcoming
-    monkeypatch.setattr(generation_hooks, "free_device_memory", lambda device: copy_bytes + upcoming - 1)  # bytes
+    assert device_memory.training_still_allocates(trainer, policy, 80) == upcoming
+    monkeypatch.setattr(device_memory, "free_device_memory", lambda device: copy_bytes + upcoming - 1)  # bytes
     with pytest.raises(ValueError, match=r"needs 0\.00 GiB for the generation copy, and training will allocate at"):
         trainer._generate_single_turn([[5, 6, 7], [8, 9, 10, 11]], None, {}, 2)  # padded to 4 tokens: budget 64
-    monkeypatch.setattr(generation_hooks, "free_device_memory", lambda device: copy_bytes + upcoming)
+    monkeypatch.setattr(device_memory, "free_device_memory", lambda device: copy_bytes + upcoming)
     trainer._generate_single_turn([[5, 6, 7], [8, 9, 10, 11]], None, {}, 2)
 
 

@@ -39,7 +39,7 @@ def cudagraph_recordings(device_index: int = 0) -> int:
     return count
 
 
-def probe_trainer(model_dir, output_dir, *, merge="inplace", quantized=False, dtype="bf16", device="cuda", **overrides):
+def probe_trainer(model_dir, output_dir, *, merge="inplace", quantized=False, dtype="bf16", device="cuda", **more):
     """A trainer on the tiny model with a preset's fast generation: LoRA on every linear layer, `generation_compile`
     and `generation_lora_merge=merge`, in `dtype` ("bf16", or "fp16": fp16 weights and the fp16 loss scaler, the T4
     preset's mix), 4-bit NF4 weights when `quantized`."""
@@ -51,7 +51,7 @@ def probe_trainer(model_dir, output_dir, *, merge="inplace", quantized=False, dt
 
     weights = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     kwargs = small_grpo_kwargs(output_dir, use_cpu=device == "cpu", bf16=dtype == "bf16", fp16=dtype == "fp16",
-                               model_init_kwargs={"dtype": weights}, **overrides)  # fmt: skip
+                               model_init_kwargs={"dtype": weights}, **more)  # fmt: skip
     if merge is not None:
         kwargs.update(generation_compile=True, generation_lora_merge=merge, generation_max_prompt_length=64)
     quantization = None
@@ -62,7 +62,7 @@ def probe_trainer(model_dir, output_dir, *, merge="inplace", quantized=False, dt
         reward_funcs=[length_reward],
         args=GRPOConfig(**kwargs),
         train_dataset=Dataset.from_list(
-            [{"prompt": [{"role": "user", "content": f"What is {i} plus {i}?" + " more" * (i % 7)}]} for i in range(32)]
+            [{"prompt": [{"role": "user", "content": f"What is {i}?" + " more" * (i % 7)}]} for i in range(32)]
         ),
         peft_config=LoraConfig(r=4, target_modules="all-linear"),
         quantization_config=quantization,
@@ -154,7 +154,9 @@ def test_compiled_copy_training_on_cuda_compiles_the_decode_step_once(tiny_model
     assert len(lengths) == 4 and all(0 < n <= 16 for n in lengths)
 
 
-PRESET_PATHS = [("inplace", False, "bf16"), ("copy", False, "bf16"), ("copy", True, "bf16"), ("inplace", False, "fp16")]
+PRESET_PATHS = [  # (generation_lora_merge, 4-bit weights, precision)
+    ("inplace", False, "bf16"), ("copy", False, "bf16"), ("copy", True, "bf16"), ("inplace", False, "fp16"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("merge", "quantized", "dtype"), PRESET_PATHS,
