@@ -132,8 +132,10 @@ class FastGeneration:
         if generator is policy and self.caches is None:
             yield
             return
+        from peft import PeftModel
+
         target = generator.generate  # bound before the instance attribute below shadows the class's method
-        cache_model = generator.get_base_model() if hasattr(generator, "get_base_model") else generator
+        cache_model = generator.get_base_model() if isinstance(generator, PeftModel) else generator
         keyword = generate_cache_argument(cache_model) if self.caches is not None else None
         calls = []
 
