@@ -59,6 +59,8 @@ def check_rerecord(model_dir: str, work: Path, device: str, dtype: str) -> str:
 
     from tests.test_generation_gpu import generation_probe, probe_trainer
 
+    if PROBE_CALLS < 20:
+        raise ValueError(f"GPU_CHECK_PROBE_CALLS={PROBE_CALLS}: the probe compares calls 10 to the last, needs >= 20")
     trainer = probe_trainer(model_dir, work / "probe", merge="inplace", dtype=dtype, device=device)
     rows, skips = generation_probe(trainer, calls=PROBE_CALLS)
     for row in rows:

@@ -1,6 +1,6 @@
 """How many static KV caches a run builds, and at how many addresses its keys sit (issue #27), on the CPU.
 
-    python benchmarks/static_cache_reuse.py [--generations 40]
+    python benchmarks/static_cache_reuse.py [--generations 40] [--output-dir benchmarks/results]
 
 A CUDA graph of the decode step takes the cache's key/value tensors as static inputs: a cache at new addresses in a
 generation means the graph is recorded again. The CPU has no CUDA graphs, but the cache's lifetime is the same on any
@@ -11,8 +11,9 @@ device, so it is counted here, over `--generations` calls of the trainer's gener
 * `generation_compile`: this package's fast generation (one cache for the run, reset in place; a compiled decode
   step), with the in-place LoRA merge of the presets.
 
-Prints a table (caches built, distinct addresses of layer 0's keys, median milliseconds a generation after the
-first) and writes it to `benchmarks/results/static_cache_reuse.txt`. The GPU's side (CUDA graphs recorded over 150
+Prints a table (caches built, distinct key addresses per layer, median milliseconds a generation after the first);
+with `--output-dir` also writes it to `static_cache_reuse.txt` there (`--output-dir benchmarks/results` refreshes the
+committed result). The GPU's side (CUDA graphs recorded over 150
 generations) is `scripts/gpu_check.sh`'s re-record probe.
 """
 
@@ -26,7 +27,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-RESULTS = Path(__file__).resolve().parent / "results" / "static_cache_reuse.txt"
 
 
 def count_caches(setting: str, model_dir: str, work: Path, generations: int) -> dict:
@@ -75,6 +75,7 @@ def count_caches(setting: str, model_dir: str, work: Path, generations: int) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--generations", type=int, default=40)
+    parser.add_argument("--output-dir", type=Path, help="write static_cache_reuse.txt there (default: print only)")
     args = parser.parse_args()
     from trl_grpo_ext.tiny_model import save_tiny_model
 
@@ -93,7 +94,9 @@ def main() -> None:
                      f"{row['median_ms']:>15.1f}{row['first_s']:>13.1f}")  # fmt: skip
     text = "\n".join(lines)
     print(text)
-    RESULTS.write_text(text + "\n")
+    if args.output_dir is not None:
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+        (args.output_dir / "static_cache_reuse.txt").write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 decode step, the checks that refuse a setting that cannot apply, and training runs with each setting on that match a
 run without it (CPU, fp32)."""
 
+import inspect
 import logging
 import math
 
@@ -98,6 +99,15 @@ def test_static_cache_sizer_holds_the_budget_and_grows_only_for_a_longer_prompt(
         assert sizer.fit(129) == 192 + 16
     assert sizer.grown == 1 and "generation_max_prompt_length" in caplog.text
     assert StaticCacheSizer(GenerationConfig(max_new_tokens=16), "cpu", prompt_length=320).fit(10) == 336
+    # a budget smaller than the first batch grows before anything was compiled: not counted, not said to recompile
+    small = StaticCacheSizer(GenerationConfig(max_new_tokens=16), "cpu", prompt_length=64)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert small.fit(100) == 128 + 16
+    assert small.grown == 0 and "grows to 128" in caplog.text and "compiles once more" not in caplog.text
+    with caplog.at_level(logging.WARNING):
+        assert small.fit(200) == 256 + 16
+    assert small.grown == 1 and "compiles once more" in caplog.text
 
 
 def test_static_caches_keep_one_cache_per_batch_size_and_length_and_reset_it_in_place(tiny_model_dir):
@@ -404,6 +414,8 @@ def test_a_trl_that_no_longer_generates_through_generate_fails_loudly(tiny_model
          "use_transformers_continuous_batching=True generates another way"),
         ({"generation_lora_merge": "copy", "use_vllm": True}, "use_vllm=True generates another way"),
         ({"generation_compile": True, "cache_implementation": "dynamic"}, "cache_implementation must be unset or"),
+        ({"generation_compile": True, "max_completion_length": None},
+         "sizes its static cache by max_completion_length, which must then be set, got None"),
         ({"generation_compile": True, "generation_kwargs": {"cache_implementation": "dynamic"}},
          r"remove \['cache_implementation'\] from generation_kwargs"),
     ],
@@ -492,6 +504,53 @@ def test_fast_generation_is_built_where_the_model_is_at_the_first_generation(tin
             assert next(fast.merge.model.parameters()).dtype == torch.bfloat16
 
 
+def test_the_generation_copy_is_of_the_policys_own_class(tiny_model_dir):
+    """A subclass's forward is the model the user trains: the copy generates through it too."""
+    from transformers import Qwen2ForCausalLM
+
+    class Boosted(Qwen2ForCausalLM):
+        def forward(self, *args, **kwargs):
+            output = super().forward(*args, **kwargs)
+            output.logits[..., 100] += 1e4  # token 100 always wins
+            return output
+
+    torch.manual_seed(0)
+    model = get_peft_model(Boosted.from_pretrained(tiny_model_dir), LoraConfig(**LORA, init_lora_weights=False))
+    copy = GenerationCopy(model)
+    assert type(copy.model) is Boosted
+    ids, mask = left_padded_prompts([4, 6])
+    completions = greedy(copy.model, ids, mask, new_tokens=4)[:, -4:]
+    assert completions.eq(100).all(), completions
+
+
+def test_a_generate_the_user_set_on_the_policy_is_put_back(tiny_model_dir, tmp_path):
+    trainer = _trainer(tiny_model_dir, tmp_path, generation_lora_merge="copy")
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    original = policy.generate
+
+    def users_generate(*args, **kwargs):
+        return original(*args, **kwargs)
+
+    policy.generate = users_generate
+    trainer._generate_single_turn([[5, 6, 7], [8, 9, 10, 11]], None, {}, 2)
+    assert vars(policy)["generate"] is users_generate
+
+
+def test_the_cache_keyword_is_the_models_or_transformers(tiny_model_dir):
+    from transformers.generation.utils import GenerationMixin
+
+    keyword = generate_cache_argument(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
+    assert keyword in inspect.signature(AutoModelForCausalLM.from_pretrained(tiny_model_dir).forward).parameters
+
+    class TakesKwargs(torch.nn.Module):  # a forward that passes the cache on through **kwargs
+        def forward(self, input_ids=None, **kwargs):
+            return input_ids
+
+    assert generate_cache_argument(TakesKwargs()) in inspect.signature(
+        GenerationMixin.prepare_inputs_for_generation
+    ).parameters
+
+
 def test_compile_with_tools_is_refused_at_init(tiny_model_dir, tmp_path):
     def add(a: int, b: int) -> int:
         """Add two numbers.
@@ -502,7 +561,7 @@ def test_compile_with_tools_is_refused_at_init(tiny_model_dir, tmp_path):
         """
         return a + b
 
-    with pytest.raises(ValueError, match="generation_compile=True with tools: each tool-calling turn"):
+    with pytest.raises(ValueError, match="generation_compile=True with tools or environment_factory .multi-turn.: each tool-calling turn"):
         GRPOTrainer(
             model=tiny_model_dir,
             reward_funcs=[length_reward],

@@ -618,6 +618,11 @@ class GRPOConfig(TRLGRPOConfig):
                     f"{', '.join(levers)} act on TRL's model.generate path; {other}=True generates another way: "
                     f"turn off one or the other"
                 )
+        if self.generation_compile and self.max_completion_length is None:
+            raise ValueError(
+                "generation_compile=True sizes its static cache by max_completion_length, which must then be set, got "
+                "None"
+            )
         if self.generation_compile and self.cache_implementation not in (None, "static"):
             raise ValueError(
                 f"generation_compile=True uses a static cache: cache_implementation must be unset or 'static', got "

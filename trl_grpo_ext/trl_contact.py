@@ -397,20 +397,24 @@ def compiles_in_one_graph(model_class: type) -> bool:
 
 
 def generate_cache_argument(model: torch.nn.Module) -> str:
-    """The keyword under which `model.generate` takes a cache of the caller's: the name of the cache parameter of
-    the model's `forward` (`cache` from transformers 5.2x, `past_key_values` before; `generate` accepts the old name
-    only with a deprecation warning). `model` is a transformers model (for a PEFT model, its base model).
+    """The keyword under which `model.generate` takes a cache of the caller's: `cache` from transformers 5.2x,
+    `past_key_values` before (`generate` accepts the old name only with a deprecation warning). Read from the cache
+    parameter of the model's `forward`, else (a `forward` that takes `**kwargs`) from transformers'
+    `prepare_inputs_for_generation`. `model` is a transformers model (for a PEFT model, its base model).
 
     Raises:
-        TRLCompatibilityError: the model's `forward` takes neither.
+        ValueError: neither names a cache parameter (the message names the model class).
     """
-    parameters = inspect.signature(type(model).forward).parameters
-    for name in ("cache", "past_key_values"):
-        if name in parameters:
-            return name
-    raise TRLCompatibilityError(
-        f"generation_compile: {type(model).__name__}.forward takes no cache (neither 'cache' nor 'past_key_values'), "
-        f"so a static cache cannot be handed to generate ({_versions()})"
+    from transformers.generation.utils import GenerationMixin
+
+    for function in (type(model).forward, GenerationMixin.prepare_inputs_for_generation):
+        parameters = inspect.signature(function).parameters
+        for name in ("cache", "past_key_values"):
+            if name in parameters:
+                return name
+    raise ValueError(
+        f"generation_compile=True hands generate a static cache, but {type(model).__name__}.forward takes no cache "
+        "argument (neither 'cache' nor 'past_key_values'): set generation_compile=False for this model"
     )
 
 

@@ -130,22 +130,25 @@ def nonfinite(run: Run) -> list[Finding] | Skip:
         at = steps[np.argmax(skipped > 0)]
         evidence.append(f"grad_reg/skipped_steps {int(np.nanmax(skipped))} by step {steps[-1]}")
         first = min(first if first is not None else at, at)
+    values_bad = bool(evidence)  # a reward, the loss or a gradient norm (before the loss scale is looked at)
     steps, scale = run.finite("loss_scale")
     if len(steps) and scale.min() < 1:
-        at = steps[np.argmax(scale < 1)]
-        evidence.append(f"the fp16 loss scale fell to {scale.min():.3g} by step {at}: the gradients overflow unscaled")
+        at, lowest = steps[np.argmax(scale < 1)], steps[np.argmin(scale)]
+        evidence.append(f"the fp16 loss scale fell below 1 at step {at}, to {scale.min():.3g} by step {lowest}: the "
+                        "gradients overflow fp16 even unscaled")  # fmt: skip
         first = min(first if first is not None else at, at)
     if not evidence:
         return []
     bf16 = run.finite("device/bf16_supported")[1]
-    precision = "train in bf16=True rather than fp16; " if not (len(bf16) and bf16[-1] == 0) else ""
+    advice = ["make reward functions return finite numbers (None leaves a completion out)"] if values_bad else []
+    if not (len(bf16) and bf16[-1] == 0):  # a card without bf16 (a T4) logs 0: no advice it cannot follow
+        advice.append("train in bf16=True rather than fp16")
+    if values_bad:
+        advice.append("grad_reg=skip_nonfinite skips such an optimizer step without touching the weights")
+    advice.append(f"lower the learning_rate{run.now('learning_rate')}")
     return [Finding(
-        "nonfinite", "run", "non-finite values: a reward, the loss or the gradients",
-        "; ".join(evidence),
-        f"make reward functions return finite numbers (None leaves a completion out); {precision}grad_reg="
-        f"skip_nonfinite skips such an optimizer step without touching the weights; lower the "
-        f"learning_rate{run.now('learning_rate')}",
-        int(first),
+        "nonfinite", "run", "non-finite values: a reward, the loss or the gradients", "; ".join(evidence),
+        "; ".join(advice), int(first),
     )]  # fmt: skip
 
 

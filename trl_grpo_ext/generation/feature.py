@@ -148,11 +148,15 @@ class FastGeneration:
                 kwargs[keyword] = self.caches.for_generation(cache_model, sequences, cache_length)
             return target(*args, **kwargs)
 
+        before = vars(policy).get("generate")  # a generate the user set on the instance, put back afterwards
         policy.generate = generate  # an instance attribute: it shadows PeftModel.generate until deleted
         try:
             yield
         finally:
-            del policy.generate
+            if before is None:
+                del policy.generate
+            else:
+                policy.generate = before
         if not calls:
             raise RuntimeError(
                 "fast generation: TRL's _generate_single_turn no longer generates through unwrapped_model.generate, "
@@ -194,7 +198,7 @@ class FastGenerationFeature(Feature):
             ValueError: a lever that cannot apply, naming the setting and why: what `checks.model_setting_problem`
                 refuses (a merge without LoRA, `inplace` into quantized weights, compilation of a bitsandbytes model
                 without `copy`); `inplace` on a weight tied to the embeddings; LoRA layers that do not merge exactly;
-                compilation on CUDA without Triton; any lever under FSDP or
+                compilation of a model that takes no cache, or on CUDA without Triton; any lever under FSDP or
                 DeepSpeed ZeRO-3 (sharded weights); continuous batching with bitsandbytes weights.
         """
         args = trainer.args
@@ -250,7 +254,7 @@ def _check_compile(trainer, policy: torch.nn.Module) -> None:
     """The init-time checks and warnings of `generation_compile` for `policy`.
 
     Raises:
-        ValueError: CUDA without Triton.
+        ValueError: a model whose `forward` takes no cache, or CUDA without Triton.
     """
     from peft import PeftModel
 
@@ -261,7 +265,9 @@ def _check_compile(trainer, policy: torch.nn.Module) -> None:
             "dropout while decoding, and the compiled decode step draws its dropout masks from another "
             "random stream than eager code: the completions differ from stock TRL's."
         )
-    generator = type(policy.get_base_model() if isinstance(policy, PeftModel) else policy)
+    base = policy.get_base_model() if isinstance(policy, PeftModel) else policy
+    generate_cache_argument(base)  # refuses a model that takes no cache, before it costs a run
+    generator = type(base)
     if not compiles_in_one_graph(generator):
         logger.warning(
             "generation_compile=True: transformers does not mark %s as compiling in one graph "

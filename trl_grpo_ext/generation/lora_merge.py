@@ -175,15 +175,13 @@ class GenerationCopy:
     """
 
     def __init__(self, model: torch.nn.Module):
-        from transformers import AutoModelForCausalLM
-
         base = model.get_base_model()
         self.layers = lora_linears(base)
         self.dtype = compute_dtype(base)
         config = copy.deepcopy(base.config)
         config.__dict__.pop("quantization_config", None)  # the copy is a plain model in the compute dtype
         with torch.device("meta"):  # no memory, no random initialization
-            skeleton = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
+            skeleton = type(base)(config).to(self.dtype)  # the policy's own class: a subclass's forward too
         owned, frozen = {}, {}
         # Each parameter and buffer is set by `setattr`, not `load_state_dict(assign=True)`: that one would also set
         # requires_grad of the policy's shared parameters (embeddings) to the skeleton's True, and train them.

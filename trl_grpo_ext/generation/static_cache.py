@@ -73,6 +73,7 @@ class StaticCacheSizer:
         generation_config.disable_compile = False
         generation_config.compile_config = compile_config_for(device_type)
         self.grown = 0  # how many times a longer prompt grew the cache after the first generation
+        self.fitted = False  # whether a generation was sized (the first batch sets the budget, or grows it, freely)
 
     def fit(self, longest_prompt: int) -> int:
         """Make the cache hold prompts of `longest_prompt` tokens (the padded prompt length of the next batch); return
@@ -80,16 +81,18 @@ class StaticCacheSizer:
         if self.prompt_length is None:
             self.prompt_length = prompt_budget(longest_prompt)
         elif longest_prompt > self.prompt_length:
-            self.grown += 1
+            again = " and the decode step compiles once more" if self.fitted else ""
+            self.grown += self.fitted
             logger.warning(
                 "A prompt of %d tokens is longer than the static cache's %d prompt tokens: the cache grows to %d "
-                "prompt tokens and the decode step compiles once more. Set generation_max_prompt_length to at least "
-                "the longest prompt to avoid it.",
+                "prompt tokens%s. Set generation_max_prompt_length to at least the longest prompt to avoid it.",
                 longest_prompt,
                 self.prompt_length,
                 prompt_budget(longest_prompt),
+                again,
             )
             self.prompt_length = prompt_budget(longest_prompt)
+        self.fitted = True
         return self.prompt_length + self.max_new_tokens
 
 
