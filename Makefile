@@ -13,8 +13,12 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh scripts/torch_spec.sh
 demo: $(VENV)/.installed
 	$(PY) recipes/math_gsm8k.py --config recipes/configs/demo_cpu.yaml $(ARGS)
 
+# The suite on $(TEST_WORKERS) pytest-xdist workers, one torch thread each (tests/conftest.py): its training runs are
+# tiny and gain nothing from a second thread, so 2 workers on 2 cores finish in about 0.6 of one's time. The shared
+# two-process job (tests/two_process.py) runs once, in the first worker that needs it. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed
-	$(PY) -m pytest tests $(ARGS)
+	$(PY) -m pytest tests -n $(TEST_WORKERS) $(ARGS)
 
 # The tests that exercise every contact with TRL's and transformers' private API (trl_grpo_ext/trl_contact.py), one
 # run each: the import-time check; stock equivalence (the forwarding overrides); exact resume inside a generation
@@ -35,7 +39,7 @@ OLDEST_TESTS ?= tests/test_trl_contact.py \
 	tests/test_generation.py::test_repeated_input_grad_hooks_are_cut_with_fast_generation_and_pile_up_without
 test-oldest: $(VENV)/.installed
 	bash scripts/oldest_overlay.sh $(VENV) .oldest
-	PYTHONPATH=.oldest $(PY) -m pytest $(OLDEST_TESTS) $(ARGS)
+	PYTHONPATH=.oldest $(PY) -m pytest $(OLDEST_TESTS) -n $(TEST_WORKERS) $(ARGS)
 
 # `pip install .` as a user gets it (scripts/wheel_check.sh): what the wheel holds (the package and its model configs,
 # no tests, benchmarks or recipes), then, in a clean venv with torch installed first, the import and the command.

@@ -121,9 +121,18 @@ def versions() -> dict[str, str]:
     return {m: importlib.import_module(m).__version__ for m in VERSIONS}
 
 
-def run_child(script: str, child_args: list[str], json_out: Path, timeout: float, name: str) -> dict:
+def run_child(script: str, child_args: list[str], json_out: Path, timeout: float, name: str, in_process=None) -> dict:
     """`python script --child ... --json-out json_out` in a fresh process (its own CUDA peak); its JSON row, or a row
-    whose `error` says how it crashed or that it timed out."""
+    whose `error` says how it crashed or that it timed out.
+
+    `in_process`: the script's `main`, to call here instead (no timeout): for runs on the CPU, which have no device
+    memory to keep apart and would spend most of a child's time importing torch, transformers and TRL again."""
+    if in_process is not None:
+        try:
+            code = in_process([*child_args, "--json-out", str(json_out)])
+        except Exception as error:  # as a crashed child: a row saying how
+            return {"name": name, "error": f"{type(error).__name__}: {error}"}
+        return json.loads(json_out.read_text()) if code == 0 else {"name": name, "error": f"exit code {code}"}
     cmd = [sys.executable, script, *child_args, "--json-out", str(json_out)]
     try:
         proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)

@@ -8,7 +8,8 @@
 
 Each preset `recipes/configs/gsm8k-<N>gb.yaml` runs as the recipe runs it (random weights of its real architecture,
 saved once; the local tokenizer; prompts of 320 tokens; every completion forced to full length) under these
-configurations, each in a process of its own, `--steps` GRPO steps each:
+configurations, each in a process of its own (on the CPU, a smoke run, only the first: the others run in the
+benchmark's process), `--steps` GRPO steps each:
 
 | configuration | generation |
 |---|---|
@@ -243,7 +244,11 @@ def main(argv: list[str] | None = None) -> int:
                 child = ["--child", f"{preset}:{config}", "--model-dir", str(model_dir), "--device", args.device]
                 child += ["--steps", str(args.steps), "--completion-length", str(args.completion_length)]
                 child += ["--tiny"] if args.tiny else []
-                row = run_child(__file__, child, Path(work) / f"{preset}-{config}.json", left, f"{preset}:{config}")
+                # On the CPU (a smoke run, no device memory to keep apart) the first configuration runs in a child
+                # process as every one does on a GPU, the others in this process.
+                in_process = main if args.device == "cpu" and rows else None
+                json_out = Path(work) / f"{preset}-{config}.json"
+                row = run_child(__file__, child, json_out, left, f"{preset}:{config}", in_process)
                 row.setdefault("preset", preset)
                 row.setdefault("config", config)
             print(json.dumps({k: v for k, v in row.items() if not isinstance(v, list | dict)}), flush=True)

@@ -8,9 +8,39 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs 2 pytest-xdist workers on 2 cores: one thread each
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GSM8K_DIR = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
+
+
+os.environ.setdefault("TRL_GRPO_EXT_TEST_CPU_COMPILE_BACKEND", "aot_eager")  # tests/cpu_compile.py
+
+
+@pytest.fixture(autouse=True)
+def cpu_compile_backend(request):
+    """Compiled generation off CUDA uses the backend of tests/cpu_compile.py, unless the test is marked `inductor`."""
+    if request.node.get_closest_marker("inductor"):
+        yield
+        return
+    from tests.cpu_compile import BACKEND_ENV, use_backend
+
+    undo = use_backend(os.environ[BACKEND_ENV])
+    yield
+    undo()
+
+
+@pytest.fixture(autouse=True)
+def trl_keeps_its_classes():
+    """Every test starts with `trl.GRPOConfig` / `trl.GRPOTrainer` as TRL's own classes, whatever an earlier test
+    did: `trl-grpo-ext grpo` run in process calls `register()` and leaves it on, after which a test comparing with
+    `trl.GRPOTrainer` would compare our trainer with itself."""
+    import trl_grpo_ext
+
+    trl_grpo_ext.unregister()
+    yield
+    trl_grpo_ext.unregister()
 
 
 @pytest.fixture(scope="session")
@@ -54,3 +84,20 @@ def small_grpo_kwargs(output_dir, **overrides) -> dict:
     )
     kwargs.update(overrides)
     return kwargs
+
+
+@pytest.fixture(scope="session")
+def two_process_runs(request, tiny_model_dir, tmp_path_factory) -> dict:
+    """The records of every two-process scenario the selected tests read (tests/two_process.py), from one
+    `accelerate launch` run the first time a test asks: {scenario: [rank 0's record, rank 1's]}. pytest-xdist workers
+    share it: the base temp folder's parent is common to them, and a file lock lets one run the job."""
+    from filelock import FileLock
+
+    from tests.two_process import launch, selected_scenarios
+
+    names = selected_scenarios(request.session.items)
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    with FileLock(str(root / "two-process.lock")):
+        return launch(names, tiny_model_dir, root / "two-process")

@@ -7,8 +7,8 @@ checkpoint at `resume_step`, and asserts that after the resume every logged metr
 (with the step they were generated at) and the final parameters are the same (max abs diff <= `atol`). Features of
 trl_grpo_ext that keep state across steps pass their settings in `config` and get the check for free.
 
-Run as a script (`python -m tests.resume_check CONFIG_JSON PHASE OUT_JSON`) it does one phase in each process of an
-`accelerate launch`, for the multi-process case.
+Run as a script (`python -m tests.resume_check CONFIG_JSON PHASE OUT_JSON`) it does one phase in a process of its own
+(`start_phase`: a process the tests kill). The two-process runs are scenarios of tests/two_process.py.
 """
 
 import json
@@ -124,19 +124,6 @@ def compare(full: dict, resumed: dict, resume_step: int) -> float:
     return max(diffs)
 
 
-def launch_phase(config: dict, model_dir: str, output_dir: str, num_processes: int, resume_from=None) -> list[dict]:
-    """`run_phase` in `num_processes` CPU processes (`accelerate launch --multi_gpu`, gloo); one record per rank."""
-    job = {**config, "model_dir": model_dir, "output_dir": output_dir, "resume_from": resume_from}
-    out_file = f"{output_dir}.record"
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(num_processes),
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
-        "-m", "tests.resume_check", json.dumps(job), "resumed" if resume_from else "full", out_file,
-    ]  # fmt: skip
-    run_distributed(cmd, timeout=900, output_dir=output_dir)
-    return [torch.load(f"{out_file}.rank{rank}", weights_only=False) for rank in range(num_processes)]
-
-
 def start_phase(config: dict, model_dir: str, output_dir: str) -> subprocess.Popen:
     """`run_phase` in a new Python process (no accelerate), started and not waited for; its output goes to
     `<output_dir>.log`, its record to `<output_dir>.record.rank0`."""
@@ -168,30 +155,25 @@ def run_distributed(cmd: list[str], timeout: int, output_dir: str | None = None)
     return proc
 
 
-def check_resume(
-    config: dict, tmp_path, model_dir: str, resume_step: int = 3, atol: float = 1e-6, num_processes: int = 1
-) -> float:
+def check_resume(config: dict, tmp_path, model_dir: str, resume_step: int = 3, atol: float = 1e-6) -> float:
     """Run `config` uninterrupted and resumed from `checkpoint-<resume_step>`, assert they match; return max diff.
 
-    With `num_processes > 1` both runs are distributed over that many CPU processes and every rank is compared.
+    The two-process case is a scenario of the suite's shared two-process job (tests/two_process.py, `resume_diff`).
     """
     full_dir, resumed_dir = str(tmp_path / "full"), str(tmp_path / "resumed")
     checkpoint = tmp_path / "full" / f"checkpoint-{resume_step}"
-    if num_processes == 1:
-        full = [run_phase(config, model_dir, full_dir)]
-    else:
-        full = launch_phase(config, model_dir, full_dir, num_processes)
+    full = run_phase(config, model_dir, full_dir)
     assert checkpoint.is_dir(), f"{checkpoint} was not saved; set save_steps to divide {resume_step}"
-    if num_processes == 1:
-        resumed = [run_phase(config, model_dir, resumed_dir, resume_from=str(checkpoint))]
-    else:
-        resumed = launch_phase(config, model_dir, resumed_dir, num_processes, resume_from=str(checkpoint))
-    max_diff = max(compare(f, r, resume_step) for f, r in zip(full, resumed, strict=True))
+    resumed = run_phase(config, model_dir, resumed_dir, resume_from=str(checkpoint))
+    max_diff = compare(full, resumed, resume_step)
     assert max_diff <= atol, f"resumed run differs from the uninterrupted one by {max_diff}"
     return max_diff
 
 
-if __name__ == "__main__":  # one phase per process under accelerate launch
+if __name__ == "__main__":  # one phase in a process of its own (start_phase)
+    from tests.cpu_compile import use_backend_from_env
+
+    use_backend_from_env()
     config_json, phase, out_file = sys.argv[1:4]
     config = json.loads(config_json)
     model_dir, output_dir = config.pop("model_dir"), config.pop("output_dir")

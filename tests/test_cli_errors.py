@@ -283,37 +283,67 @@ def _subprocess(args, **env):
     return subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=environ)
 
 
-@pytest.mark.parametrize("debug", [False, True])
-def test_recipe_process_prints_one_line_or_the_traceback(debug):
-    """As a user runs it: the FutureWarning transformers gives while the config is parsed is hidden, the error is the
-    last line; with TRL_GRPO_EXT_DEBUG=1 the warning and the traceback are there."""
+RECIPE_ERROR = "generation_batch_size (16) must be divisible by num_generations (3)."
+RECIPE_EXIT = "recipe exit code: "  # what the debug process prints between its two runs
+
+
+def test_recipe_process_prints_one_line():
+    """As a user runs it, in a process of its own (the real exit code and stderr): the FutureWarning transformers
+    gives while the config is parsed is hidden, the error is the last line."""
     cmd = [sys.executable, "recipes/math_gsm8k.py", "--config", DEMO, "--num_generations", "3"]
-    proc = _subprocess(cmd, **({entry_points.DEBUG_ENV: "1"} if debug else {}))
+    proc = _subprocess(cmd)
     assert proc.returncode == 1, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
-    assert ("Traceback" in proc.stderr) == debug and (
-        "FutureWarning: `gradient_checkpointing`" in proc.stderr
-    ) == debug
-    if not debug:
-        assert lines[-1].startswith("math_gsm8k.py: error: generation_batch_size (16) must be divisible by")
-        assert not [line for line in lines if "Warning" in line], proc.stderr
-    else:
-        assert lines[-1] == "ValueError: generation_batch_size (16) must be divisible by num_generations (3)."
+    assert "Traceback" not in proc.stderr and "FutureWarning: `gradient_checkpointing`" not in proc.stderr
+    assert lines[-1].startswith(f"math_gsm8k.py: error: {RECIPE_ERROR.rstrip('.')}")
+    assert not [line for line in lines if "Warning" in line], proc.stderr
 
 
-def test_importing_the_package_changes_no_filter_and_cli_debug_shows_the_traceback():
+@pytest.fixture(scope="module")
+def debug_process() -> tuple[subprocess.CompletedProcess, str, str]:
+    """One fresh process for the two tests below: importing the package (and all it imports) and checking that it
+    added no warning or log filter; then, with TRL_GRPO_EXT_DEBUG=1, the recipe run as `python recipes/math_gsm8k.py`
+    (runpy, as __main__); then `trl-grpo-ext --debug grpo`. (Formerly a process each.) The process, and its stderr
+    split into the recipe's part and the command's."""
     code = (
-        "import logging, sys, warnings\n"
+        "import logging, os, runpy, sys, traceback, warnings\n"
         "import trl_grpo_ext.trainer\n"  # the package and all it imports: TRL, datasets... add filters of their own
         "before = list(warnings.filters)\n"
         "from trl_grpo_ext import cli, entry_points\n"
         "assert warnings.filters == before and not logging.getLogger('bitsandbytes.backends.cpu.ops').filters\n"
+        f"os.environ[entry_points.DEBUG_ENV] = '1'\n"
+        f"sys.argv = ['recipes/math_gsm8k.py', '--config', {DEMO!r}, '--num_generations', '3']\n"
+        "try:\n"
+        "    runpy.run_path('recipes/math_gsm8k.py', run_name='__main__')\n"
+        "    code = 0\n"
+        "except SystemExit as end:\n"
+        "    code = end.code\n"
+        "except Exception:\n"  # as the interpreter ends a script whose exception escapes: its traceback, exit code 1
+        "    traceback.print_exc()\n"
+        "    code = 1\n"
+        f"print({RECIPE_EXIT!r} + str(code), file=sys.stderr, flush=True)\n"
         "sys.exit(cli.main(['--debug', 'grpo', '--config', 'does_not_exist.yaml']))\n"
     )
     proc = _subprocess([sys.executable, "-c", code])
+    recipe, _, grpo = proc.stderr.partition(RECIPE_EXIT)
+    return proc, recipe, grpo
+
+
+def test_recipe_with_debug_shows_the_warning_and_the_traceback(debug_process):
+    """With TRL_GRPO_EXT_DEBUG=1 transformers' FutureWarning and the traceback are there (shared process:
+    `debug_process`)."""
+    proc, recipe, grpo = debug_process
+    assert grpo.startswith("1\n"), proc.stderr[-3000:]  # the recipe's exit code
+    assert "Traceback" in recipe and "FutureWarning: `gradient_checkpointing`" in recipe
+    assert recipe.strip().splitlines()[-1] == f"ValueError: {RECIPE_ERROR}"
+
+
+def test_importing_the_package_changes_no_filter_and_cli_debug_shows_the_traceback(debug_process):
+    """Shared process: `debug_process`."""
+    proc, _, grpo = debug_process
     assert proc.returncode == 1 and "AssertionError" not in proc.stderr, proc.stderr[-3000:]
-    assert "Traceback" in proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
+    assert "Traceback" in grpo
+    last = grpo.strip().splitlines()[-1]
     assert last.endswith(
         f"UsageError: --config does_not_exist.yaml: no such file (relative paths start at {REPO_ROOT})"
     )

@@ -12,7 +12,8 @@ from trl import GRPOTrainer as TRLGRPOTrainer
 import trl_grpo_ext.entropy.bonus
 import trl_grpo_ext.entropy.covariance
 from tests.conftest import length_reward, small_grpo_kwargs
-from tests.resume_check import check_resume, launch_phase
+from tests.resume_check import check_resume
+from tests.two_process import checked, two_process
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.entropy.bonus import completion_entropy, entropy_advantages, entropy_bonus
 from trl_grpo_ext.entropy.controller import EntropyPI
@@ -369,11 +370,15 @@ def test_resume_restores_the_entropy_controllers_exactly(config, tmp_path, tiny_
     check_resume(config, tmp_path, tiny_model_dir)
 
 
-def test_two_processes_hold_the_same_controller(tmp_path, tiny_model_dir):
-    """Under 2 processes each rank logs its own controller's coefficient: they must agree at every step."""
-    config = {"entropy_reg": ["target", "clip_cov"], "entropy_target": 7.0, "per_device_train_batch_size": 6,
+ENTROPY_2P = {"entropy_reg": ["target", "clip_cov"], "entropy_target": 7.0, "per_device_train_batch_size": 6,
               "max_steps": 3, "save_steps": 3}  # fmt: skip
-    ranks = launch_phase(config, tiny_model_dir, str(tmp_path / "run"), num_processes=2)
+
+
+@two_process("entropy", ENTROPY_2P)
+def test_two_processes_hold_the_same_controller(two_process_runs):
+    """Under 2 processes each rank logs its own controller's coefficient: they must agree at every step. The run is
+    scenario "entropy" of the suite's shared two-process job (tests/two_process.py)."""
+    ranks = [record["full"] for record in checked(two_process_runs["entropy"])]
     coefs = [[row["entropy_reg/coef"] for row in rank["logs"] if "entropy_reg/coef" in row] for rank in ranks]
     assert len(coefs[0]) == 3 and coefs[0] == coefs[1]
     assert coefs[0][-1] > 0

@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, BitsAndBytesConfig, GenerationCon
 from trl.trainer.grpo_trainer import GRPOTrainer as TRLGRPOTrainer
 
 from tests.conftest import length_reward, small_grpo_kwargs
-from tests.resume_check import check_resume, launch_phase
+from tests.resume_check import check_resume
+from tests.two_process import checked, two_process
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.generation import device_memory
 from trl_grpo_ext.generation import feature as generation_hooks
@@ -320,18 +321,18 @@ def baseline_run(tiny_model_dir, tmp_path_factory):
 @pytest.mark.parametrize(
     "levers",
     [
-        {"generation_lora_merge": "inplace"},
-        {"generation_lora_merge": "copy"},
-        {"generation_compile": True},
-        {"generation_compile": True, "generation_lora_merge": "inplace"},
-        {"generation_compile": True, "generation_lora_merge": "copy"},
+        pytest.param({"generation_lora_merge": "inplace"}, id="inplace"),
+        pytest.param({"generation_lora_merge": "copy"}, id="copy"),
+        pytest.param({"generation_compile": True}, id="compile", marks=pytest.mark.inductor),  # inductor's C++ kernels
+        pytest.param({"generation_compile": True, "generation_lora_merge": "inplace"}, id="inplace+compile"),
+        pytest.param({"generation_compile": True, "generation_lora_merge": "copy"}, id="copy+compile"),
     ],
-    ids=["inplace", "copy", "compile", "inplace+compile", "copy+compile"],
 )
 def test_training_with_a_lever_matches_stock_generation(tiny_model_dir, tmp_path, baseline_run, levers, monkeypatch):
     """Seeded sampling: the same completions, so the same rewards, losses and final adapters, up to the last bits of
     merged vs unmerged matmuls (fp32). With compilation, one static cache serves every generation, at fixed addresses,
-    and the decode step compiles once, over prompts of several padded lengths."""
+    and the decode step compiles once, over prompts of several padded lengths: with inductor for `compile`, with the
+    CPU tests' cheaper backend for the combinations (tests/cpu_compile.py; the graphs dynamo traces are the same)."""
     import transformers
     from torch._dynamo.utils import counters
 
@@ -589,17 +590,23 @@ def test_qlora_trains_with_the_generation_copy_and_compiled_decoding(tiny_model_
 # --- two processes ---
 
 
-def test_each_lever_on_two_processes_matches_stock_generation(tiny_model_dir, tmp_path):
+TWO_PROCESS_BASE = {"lora": 4, "max_steps": 3, "save_steps": 3, "per_device_train_batch_size": 4}
+TWO_PROCESS_LEVERS = {
+    "inplace-compile": {"generation_lora_merge": "inplace", "generation_compile": True},
+    "copy": {"generation_lora_merge": "copy"},
+}
+
+
+@two_process("generation_stock", TWO_PROCESS_BASE)
+@two_process("generation_inplace-compile", {**TWO_PROCESS_BASE, **TWO_PROCESS_LEVERS["inplace-compile"]})
+@two_process("generation_copy", {**TWO_PROCESS_BASE, **TWO_PROCESS_LEVERS["copy"]})
+def test_each_lever_on_two_processes_matches_stock_generation(two_process_runs):
     """DDP on 2 CPU processes (gloo): the in-place merge with a compiled decode step, and the generation copy, each
-    train as stock generation does, on both ranks."""
-    config = {"lora": 4, "max_steps": 3, "save_steps": 3, "per_device_train_batch_size": 4}
-    stock = launch_phase(config, tiny_model_dir, str(tmp_path / "stock"), num_processes=2)
-    for levers in (
-        {"generation_lora_merge": "inplace", "generation_compile": True},
-        {"generation_lora_merge": "copy"},
-    ):
-        name = "-".join(str(v) for v in levers.values())
-        fast = launch_phase({**config, **levers}, tiny_model_dir, str(tmp_path / name), num_processes=2)
+    train as stock generation does, on both ranks. The three runs are scenarios "generation_*" of the suite's shared
+    two-process job (tests/two_process.py)."""
+    stock = [record["full"] for record in checked(two_process_runs["generation_stock"])]
+    for name in TWO_PROCESS_LEVERS:
+        fast = [record["full"] for record in checked(two_process_runs[f"generation_{name}"])]
         for rank in (0, 1):
             logs = [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in fast[rank]["logs"]]
             stock_logs = [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in stock[rank]["logs"]]

@@ -15,7 +15,8 @@ from torch.testing import assert_close
 from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback
 
 from tests.conftest import length_reward, small_grpo_kwargs
-from tests.resume_check import check_resume, launch_phase
+from tests.resume_check import check_resume
+from tests.two_process import checked, two_process
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.grad_reg.adaptive_kl import AdaptiveKL, per_token_kl
 from trl_grpo_ext.grad_reg.clipping import ZClip, adaptive_clip_, agc_applies, unitwise_norm
@@ -359,11 +360,15 @@ def test_resume_is_exact(tiny_model_dir, tmp_path):
     assert check_resume(config, tmp_path, tiny_model_dir) <= 1e-6
 
 
-def test_two_processes_hold_the_same_state(tiny_model_dir, tmp_path):
-    """Under 2 processes each rank logs from its own ZClip and β: they must agree at every step, and move."""
-    config = {"grad_reg": ["zclip", "agc"], "zclip_warmup_steps": 2, "beta": 0.04, "kl_target": 0.001,
-              "kl_horizon": 50, "per_device_train_batch_size": 6, "max_steps": 4, "save_steps": 4}  # fmt: skip
-    ranks = launch_phase(config, tiny_model_dir, str(tmp_path / "run"), num_processes=2)
+GRAD_REG_2P = {"grad_reg": ["zclip", "agc"], "zclip_warmup_steps": 2, "beta": 0.04, "kl_target": 0.001,
+               "kl_horizon": 50, "per_device_train_batch_size": 6, "max_steps": 4, "save_steps": 4}  # fmt: skip
+
+
+@two_process("grad_reg", GRAD_REG_2P)
+def test_two_processes_hold_the_same_state(two_process_runs):
+    """Under 2 processes each rank logs from its own ZClip and β: they must agree at every step, and move. The run is
+    scenario "grad_reg" of the suite's shared two-process job (tests/two_process.py)."""
+    ranks = [record["full"] for record in checked(two_process_runs["grad_reg"])]
     keys = ("grad_reg/threshold", "grad_reg/z", "grad_reg/agc_clipped_frac", "kl_coef", "grad_norm")
     per_rank = [[{k: row[k] for k in keys if k in row} for row in rank["logs"] if "kl_coef" in row] for rank in ranks]
     assert len(per_rank[0]) == 4 and per_rank[0] == per_rank[1]

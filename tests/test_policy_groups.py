@@ -9,6 +9,7 @@ from torch.testing import assert_close
 
 from tests.conftest import small_grpo_kwargs
 from tests.resume_check import check_resume
+from tests.two_process import checked, resume_diff, two_process
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 from trl_grpo_ext.policy_groups.advantages import loss_weights, policy_group_advantages
@@ -406,10 +407,14 @@ def test_grouped_run_resumes_exactly(tmp_path, tiny_model_dir):
     assert check_resume(GROUPED, tmp_path, tiny_model_dir) == 0.0
 
 
-def test_two_processes_hold_identical_weights_and_see_different_prompts(tmp_path, tiny_model_dir):
-    from tests.resume_check import launch_phase
+GROUPED_2P = two_process("grouped", {**GROUPED, "per_device_train_batch_size": 6}, resume_step=3)
 
-    records = launch_phase({**GROUPED, "per_device_train_batch_size": 6}, tiny_model_dir, str(tmp_path / "r"), 2)
+
+@GROUPED_2P
+def test_two_processes_hold_identical_weights_and_see_different_prompts(two_process_runs):
+    """The uninterrupted run of scenario "grouped" of the suite's shared two-process job (tests/two_process.py), the
+    one `test_two_processes_grouped_run_resumes_exactly` resumes."""
+    records = [record["full"] for record in checked(two_process_runs["grouped"])]
     assert records[0]["prompts"] != records[1]["prompts"]  # each rank takes its own slice of the global draw
     keys = [k for k in records[0]["logs"][-2] if k.startswith("policy_groups/")]
     assert keys and all(row0.get(k) == row1.get(k) for row0, row1 in zip(records[0]["logs"], records[1]["logs"],
@@ -580,10 +585,10 @@ def test_drawn_generation_batch_keeps_trls_repeat_contract(tiny_model_dir, tmp_p
     assert first == global_rows[:12].tolist()
 
 
-def test_two_processes_grouped_run_resumes_exactly(tmp_path, tiny_model_dir):
-    assert (
-        check_resume({**GROUPED, "per_device_train_batch_size": 6}, tmp_path, tiny_model_dir, num_processes=2) == 0.0
-    )
+@GROUPED_2P
+def test_two_processes_grouped_run_resumes_exactly(two_process_runs):
+    """Scenario "grouped" of the suite's shared two-process job (tests/two_process.py): resumed == uninterrupted."""
+    assert resume_diff(two_process_runs["grouped"], resume_step=3) == 0.0
 
 
 class _OneOfTwoProcesses:

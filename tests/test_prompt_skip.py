@@ -9,6 +9,7 @@ from torch.testing import assert_close
 
 from tests.conftest import small_grpo_kwargs
 from tests.resume_check import check_resume
+from tests.two_process import resume_diff, two_process
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 from trl_grpo_ext.policy_groups.state import PolicyGroupState
@@ -179,9 +180,9 @@ def test_resume_is_exact(tmp_path, tiny_model_dir):
     assert check_resume(SKIPPING, tmp_path, tiny_model_dir) == 0.0
 
 
-def test_two_processes_resume_exactly(tmp_path, tiny_model_dir):
+@two_process("prompt_skip", {**SKIPPING, "per_device_train_batch_size": 6}, resume_step=3)
+def test_two_processes_resume_exactly(two_process_runs):
     """Both ranks take their slices of one global draw and keep one history: the resumed 2-process run is the
-    uninterrupted one on every rank."""
-    assert (
-        check_resume({**SKIPPING, "per_device_train_batch_size": 6}, tmp_path, tiny_model_dir, num_processes=2) == 0.0
-    )
+    uninterrupted one on every rank. Scenario "prompt_skip" of the suite's shared two-process job
+    (tests/two_process.py)."""
+    assert resume_diff(two_process_runs["prompt_skip"], resume_step=3) == 0.0

@@ -17,6 +17,7 @@ from trl.trainer.utils import RepeatSampler
 
 import trl_grpo_ext.trainer
 from tests.resume_check import TIMING_KEYS, build_trainer, check_resume, compare, run_phase, start_phase
+from tests.two_process import resume_diff, two_process
 from trl_grpo_ext.resume import (
     MANIFEST_NAME,
     EpochSeededSampler,
@@ -44,9 +45,12 @@ def test_resumed_run_equals_uninterrupted(config, tmp_path, tiny_model_dir):
     print(f"max abs diff resumed vs uninterrupted: {max_diff}")
 
 
-def test_two_processes_resume_exactly(tmp_path, tiny_model_dir):
-    """`accelerate launch --multi_gpu --num_processes 2` on the CPU (gloo): both ranks, prompts and weights."""
-    max_diff = check_resume({"per_device_train_batch_size": 6}, tmp_path, tiny_model_dir, num_processes=2)
+@two_process("resume", {"per_device_train_batch_size": 6}, resume_step=3)
+def test_two_processes_resume_exactly(two_process_runs):
+    """`accelerate launch --multi_gpu --num_processes 2` on the CPU (gloo): both ranks, prompts and weights. The
+    uninterrupted and resumed runs are scenario "resume" of the suite's shared two-process job
+    (tests/two_process.py)."""
+    max_diff = resume_diff(two_process_runs["resume"], resume_step=3)
     print(f"max abs diff resumed vs uninterrupted, 2 processes: {max_diff}")
 
 

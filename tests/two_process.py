@@ -1,0 +1,143 @@
+"""Every two-process scenario of the suite in one `accelerate launch`: two CPU processes (gloo) that each import
+torch, transformers and TRL once and run every scenario in turn, instead of one launch (a launcher and two fresh
+interpreters, ~15 s on 2 cores before any training) per phase of each test.
+
+A test module declares its scenario and marks each test that reads it:
+
+    GROUPED_2P = two_process("grouped", {**GROUPED, "per_device_train_batch_size": 6}, resume_step=3)
+
+    @GROUPED_2P
+    def test_two_processes_grouped_run_resumes_exactly(two_process_runs):
+        assert resume_diff(two_process_runs["grouped"], 3) == 0.0
+
+The session fixture `two_process_runs` (tests/conftest.py) launches the scenarios the selected tests are marked with,
+once per test session (under pytest-xdist, the first worker that needs it runs the job while holding a file lock; the
+other waits for it and reads the same records). Each process of the job runs a scenario's uninterrupted phase
+(`resume_check.run_phase`, in `<out>/<name>/full`) and, with `resume_step`, the phase resumed from that phase's
+`checkpoint-<resume_step>`, and writes each rank's record (or the traceback of the phase that failed) to its own file.
+A test asserts on its own scenario's records only; a scenario that failed, or that the job never reached, fails the
+tests that read it and no other.
+"""
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.resume_check import compare, run_distributed
+
+SCENARIOS: dict[str, dict] = {}  # name -> {"config": GRPOConfig overrides (resume_check.build_trainer), "resume_step"}
+MARK = "two_process"  # the marker naming the scenario a test reads
+
+
+def two_process(name: str, config: dict, resume_step: int | None = None):
+    """Declare the scenario `name` (`config` as `resume_check.build_trainer` takes it; with `resume_step`, also the
+    run resumed from `checkpoint-<resume_step>`); return the decorator that marks a test reading it."""
+    scenario = {"config": dict(config), "resume_step": resume_step}
+    if SCENARIOS.setdefault(name, scenario) != scenario:
+        raise ValueError(f"two-process scenario {name!r} declared twice with different settings")
+
+    return getattr(pytest.mark, MARK)(name)
+
+
+def selected_scenarios(items) -> list[str]:
+    """The scenarios the selected test items are marked with, in the order the items run, each once."""
+    names = [mark.args[0] for item in items for mark in item.iter_markers(MARK)]
+    return list(dict.fromkeys(names))
+
+
+def launch(names: list[str], model_dir: str, out_dir: Path, num_processes: int = 2) -> dict[str, list[dict]]:
+    """The records of the scenarios `names`: from `out_dir` if a job already wrote them there (another pytest-xdist
+    worker: the caller holds the lock), else from a job run now, one `accelerate launch` of `num_processes` CPU
+    processes. Per scenario, one record per rank: {"full": run_phase's record, "resumed": the resumed one or None,
+    "error": a traceback or None}; a scenario the job did not reach (an earlier one ended it) gets "error" saying so
+    and the job's stderr."""
+    done = out_dir.parent / f"{out_dir.name}.done"
+    if not done.is_file():
+        done.write_text(_run(names, model_dir, out_dir, num_processes))
+    stderr = done.read_text()
+    records = {}
+    for name in names:
+        ranks = []
+        for rank in range(num_processes):
+            path = out_dir / f"{name}.rank{rank}"
+            if path.is_file():
+                ranks.append(torch.load(path, weights_only=False))
+            else:
+                ranks.append({"full": None, "resumed": None, "error": f"the job ended before {name}:\n{stderr}"})
+        records[name] = ranks
+    return records
+
+
+def _run(names: list[str], model_dir: str, out_dir: Path, num_processes: int) -> str:
+    """Run the job; return "" if it succeeded, else the failure (the tail of its stderr)."""
+    job = {name: SCENARIOS[name] for name in names}
+    job_file = out_dir.parent / f"{out_dir.name}.json"  # outside out_dir, which a rerun (gloo's abort) removes
+    job_file.write_text(json.dumps({"model_dir": model_dir, "scenarios": job}))
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(num_processes),
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+        "-m", "tests.two_process", str(job_file), str(out_dir),
+    ]  # fmt: skip
+    try:
+        run_distributed(cmd, timeout=1200, output_dir=str(out_dir))
+    except AssertionError as error:  # a scenario failed on one rank: the launcher ended the others
+        return str(error) or "the job failed"
+    return ""
+
+
+def checked(ranks: list[dict]) -> list[dict]:
+    """`ranks` after asserting that no rank's scenario failed (the failure's traceback in the message)."""
+    errors = [f"rank {rank}: {record['error']}" for rank, record in enumerate(ranks) if record["error"]]
+    assert not errors, "\n".join(errors)
+    return ranks
+
+
+def resume_diff(ranks: list[dict], resume_step: int, atol: float = 1e-6) -> float:
+    """`resume_check.check_resume`'s comparison on every rank: resumed == uninterrupted after `resume_step`; the max
+    abs difference (metrics, weights), asserted <= `atol`."""
+    max_diff = max(compare(r["full"], r["resumed"], resume_step) for r in checked(ranks))
+    assert max_diff <= atol, f"resumed run differs from the uninterrupted one by {max_diff}"
+    return max_diff
+
+
+def _run_job(job_file: str, out_dir: str) -> None:
+    """One worker process: every scenario in turn; its record written as soon as the scenario is done."""
+    from tests.cpu_compile import use_backend_from_env
+    from tests.resume_check import run_phase
+
+    use_backend_from_env()
+    job = json.loads(Path(job_file).read_text())
+    rank = int(os.environ.get("RANK", "0"))
+    os.makedirs(out_dir, exist_ok=True)
+    names = list(job["scenarios"])
+    for i, (name, scenario) in enumerate(job["scenarios"].items()):
+        record = {"full": None, "resumed": None, "error": None}
+        last = i == len(names) - 1
+        full_dir = os.path.join(out_dir, name, "full")
+        resume_step = scenario["resume_step"]
+        try:
+            record["full"] = run_phase(scenario["config"], job["model_dir"], full_dir, end=last and not resume_step)
+            if resume_step:
+                checkpoint = os.path.join(full_dir, f"checkpoint-{resume_step}")
+                assert os.path.isdir(checkpoint), f"{checkpoint} was not saved; set save_steps to divide {resume_step}"
+                resumed_dir = os.path.join(out_dir, name, "resumed")
+                record["resumed"] = run_phase(scenario["config"], job["model_dir"], resumed_dir, checkpoint, end=last)
+        except Exception:  # recorded for the scenario's tests; the other rank is stopped by the launcher
+            record["error"] = traceback.format_exc()
+            torch.save(record, os.path.join(out_dir, f"{name}.rank{rank}"))
+            sys.stderr.write(record["error"])
+            sys.stderr.flush()
+            os._exit(1)
+        torch.save(record, os.path.join(out_dir, f"{name}.rank{rank}"))
+
+
+if __name__ == "__main__":  # a worker of the job: python -m tests.two_process JOB_JSON OUT_DIR
+    _run_job(*sys.argv[1:3])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # records written and the process group closed: skip the interpreter's teardown (gloo threads)
