@@ -10,9 +10,7 @@ python="${PYTHON:-python3}"
 if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
-# --no-compile: pip would byte-compile every module it installs (torch alone ~45 s on 2 cores); Python compiles the
-# ones a run imports, once, on first import.
-pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile)
+pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
 
 if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
   spec="$(bash "$(dirname "$0")/torch_spec.sh")"
