@@ -155,14 +155,21 @@ def run_distributed(cmd: list[str], timeout: int, output_dir: str | None = None)
     return proc
 
 
-def check_resume(config: dict, tmp_path, model_dir: str, resume_step: int = 3, atol: float = 1e-6) -> float:
+def check_resume(
+    config: dict, tmp_path, model_dir: str, resume_step: int = 3, atol: float = 1e-6, full_run=None
+) -> float:
     """Run `config` uninterrupted and resumed from `checkpoint-<resume_step>`, assert they match; return max diff.
 
-    The two-process case is a scenario of the suite's shared two-process job (tests/two_process.py, `resume_diff`).
+    `full_run`: (record, output folder) of an uninterrupted run of `config` already done (a test module's shared
+    run), resumed from instead of training it again; the resume only reads its checkpoint. The two-process case is a
+    scenario of the suite's shared two-process job (tests/two_process.py, `resume_diff`).
     """
-    full_dir, resumed_dir = str(tmp_path / "full"), str(tmp_path / "resumed")
-    checkpoint = tmp_path / "full" / f"checkpoint-{resume_step}"
-    full = run_phase(config, model_dir, full_dir)
+    resumed_dir = str(tmp_path / "resumed")
+    if full_run is None:
+        full = run_phase(config, model_dir, str(tmp_path / "full"))
+        checkpoint = tmp_path / "full" / f"checkpoint-{resume_step}"
+    else:
+        full, checkpoint = full_run[0], Path(full_run[1]) / f"checkpoint-{resume_step}"
     assert checkpoint.is_dir(), f"{checkpoint} was not saved; set save_steps to divide {resume_step}"
     resumed = run_phase(config, model_dir, resumed_dir, resume_from=str(checkpoint))
     max_diff = compare(full, resumed, resume_step)

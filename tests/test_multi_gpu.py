@@ -5,7 +5,7 @@ import importlib.util
 import json
 import math
 import shlex
-import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +14,7 @@ from accelerate.commands.launch import launch_command_parser
 from accelerate.utils import ComputeEnvironment, DistributedType
 
 from tests.conftest import REPO_ROOT
-from tests.resume_check import run_distributed
+from tests.two_process import checked, two_process
 from trl_grpo_ext.resume import checkpoint_problem, load_resume_state
 
 ACCELERATE_DIR = REPO_ROOT / "recipes" / "accelerate"
@@ -98,21 +98,19 @@ def assert_same(a, b, where: str) -> None:
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
-def test_recipe_on_two_processes_holds_the_same_state_on_both(tmp_path):
+@two_process("recipe", recipe=[
+    "--config", "recipes/configs/demo_cpu.yaml", "--synthetic_problems", "64", "--max_steps", "4",
+    "--save_strategy", "steps", "--save_steps", "2", "--policy_group_update_steps", "1", "--entropy_reg", "target",
+    "--entropy_target", "7.0", "--eval_limit", "0",
+])  # fmt: skip
+def test_recipe_on_two_processes_holds_the_same_state_on_both(two_process_runs):
     """The GSM8K recipe with ddp.yaml on 2 CPU processes (gloo): policy groups by difficulty, weights updated every
     step, and an entropy target of 7 nats (above the tiny model's ln 512 = 6.2, so the controller acts every step).
     Checkpoints at steps 2 and 4 hold one state file per process; the policy groups and the entropy controller in
-    them must be the same on both processes, bit for bit."""
-    out = tmp_path / "run"
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", "recipes/accelerate/ddp.yaml",
-        "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", "0",
-        "recipes/math_gsm8k.py", "--config", "recipes/configs/demo_cpu.yaml", "--synthetic_problems", "64",
-        "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2", "--policy_group_update_steps", "1",
-        "--entropy_reg", "target", "--entropy_target", "7.0", "--eval_limit", "0", "--output_dir", str(out),
-    ]  # fmt: skip
-    run_distributed(cmd, timeout=600, output_dir=str(out))
+    them must be the same on both processes, bit for bit. The run is scenario "recipe" of the suite's shared
+    two-process job (tests/two_process.py), launched with `--config_file recipes/accelerate/ddp.yaml`; each process
+    calls the recipe's `cli`, as `accelerate launch recipes/math_gsm8k.py` does."""
+    out = Path(checked(two_process_runs["recipe"])[0]["full"]["output_dir"])
 
     for step in (2, 4):
         checkpoint = str(out / f"checkpoint-{step}")

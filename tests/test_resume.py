@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import random
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -39,9 +40,24 @@ CONFIGS = {
 }  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def default_run(tiny_model_dir, tmp_path_factory) -> tuple[dict, Path]:
+    """The uninterrupted run of resume_check's defaults (6 steps, a checkpoint every 3), trained once for the module:
+    (its record, its output folder). `test_resumed_run_equals_uninterrupted[default]` resumes from it, the crash tests
+    compare with it, and the truncation and finished-run tests each work on a copy of its folder."""
+    out = tmp_path_factory.mktemp("default-run") / "run"
+    return run_phase({}, tiny_model_dir, str(out)), out
+
+
+def _copy_of(run: tuple[dict, Path], out: Path) -> Path:
+    shutil.copytree(run[1], out)  # copy2: the files' modification times too
+    return out
+
+
 @pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
-def test_resumed_run_equals_uninterrupted(config, tmp_path, tiny_model_dir):
-    max_diff = check_resume(config, tmp_path, tiny_model_dir)
+def test_resumed_run_equals_uninterrupted(config, tmp_path, tiny_model_dir, default_run):
+    """For `default`, the uninterrupted run is the module's shared `default_run`."""
+    max_diff = check_resume(config, tmp_path, tiny_model_dir, full_run=default_run if config == {} else None)
     print(f"max abs diff resumed vs uninterrupted: {max_diff}")
 
 
@@ -75,10 +91,12 @@ def _crash_on_save_at(trainer, step: int, where: str, monkeypatch):
 @pytest.mark.parametrize("where", ["inside_transformers_save", "before_manifest"])
 @pytest.mark.parametrize("save_total_limit", [None, 1])
 def test_crash_while_saving_resumes_from_last_complete_checkpoint(
-    tmp_path, tiny_model_dir, caplog, monkeypatch, save_total_limit, where
+    tmp_path, tiny_model_dir, caplog, monkeypatch, save_total_limit, where, default_run
 ):
+    """The reference is the module's shared uninterrupted run of the defaults (`default_run`): `save_total_limit`
+    rotates checkpoints and changes no logged value, prompt or weight."""
     config = {"save_total_limit": save_total_limit}
-    reference = run_phase(config, tiny_model_dir, str(tmp_path / "reference"))
+    reference = default_run[0]
 
     out = tmp_path / "crashed"
     trainer, _ = build_trainer(config, tiny_model_dir, str(out))
@@ -105,9 +123,9 @@ def test_crash_while_saving_resumes_from_last_complete_checkpoint(
     assert checkpoint_problem(str(out / "checkpoint-6")) is None  # rewritten complete by the resumed run
 
 
-def test_truncated_checkpoint_file_is_skipped_and_named(tmp_path, tiny_model_dir, caplog):
-    out = tmp_path / "run"
-    run_phase({}, tiny_model_dir, str(out))
+def test_truncated_checkpoint_file_is_skipped_and_named(tmp_path, tiny_model_dir, caplog, default_run):
+    """On a copy of the module's shared uninterrupted run (`default_run`)."""
+    out = _copy_of(default_run, tmp_path / "run")
     weights = out / "checkpoint-6" / "model.safetensors"
     size = weights.stat().st_size
     with open(weights, "r+b") as f:
@@ -140,12 +158,19 @@ FINISHED_RUNS = {
 
 
 @pytest.mark.parametrize(("config", "resume", "last_step", "bound"), FINISHED_RUNS.values(), ids=FINISHED_RUNS.keys())
-def test_resuming_a_finished_run_changes_nothing(tmp_path, tiny_model_dir, caplog, config, resume, last_step, bound):
+def test_resuming_a_finished_run_changes_nothing(
+    tmp_path, tiny_model_dir, caplog, config, resume, last_step, bound, default_run
+):
     """A finished job relaunched (`train(resume_from_checkpoint=...)` on its last checkpoint): stock TRL trains one
     step past the end and overwrites the final checkpoint; here nothing is trained or written, and a warning says so.
+    With the default settings the finished run is a copy of the module's shared `default_run`.
     """
     out = tmp_path / "run"
-    finished = run_phase(config, tiny_model_dir, str(out))
+    if config == {}:
+        finished = default_run[0]
+        _copy_of(default_run, out)
+    else:
+        finished = run_phase(config, tiny_model_dir, str(out))
     last = out / f"checkpoint-{last_step}"
     assert last_complete_checkpoint(str(out))[0] == str(last)
     before = _snapshot(out)
@@ -170,12 +195,21 @@ def test_resuming_a_finished_run_changes_nothing(tmp_path, tiny_model_dir, caplo
     assert not trainer.run_already_complete and trainer.state.global_step == last_step + 1
 
 
+KILLED = {"save_steps": 1, "max_steps": 4}
+
+
+@pytest.fixture(scope="module")
+def killed_reference(tiny_model_dir, tmp_path_factory) -> dict:
+    """The uninterrupted run of `KILLED`, trained once for both killed-process tests."""
+    return run_phase(KILLED, tiny_model_dir, str(tmp_path_factory.mktemp("killed-reference") / "run"))
+
+
 @pytest.mark.parametrize("kill_after", [1, 3], ids=["mid-run", "final-step-or-save"])
-def test_killed_process_resumes_to_exactly_max_steps(tmp_path, tiny_model_dir, kill_after):
+def test_killed_process_resumes_to_exactly_max_steps(tmp_path, tiny_model_dir, kill_after, killed_reference):
     """SIGKILL a real training process (a checkpoint every step) at a seeded random moment once checkpoint
     `kill_after` of 4 is complete: in the next step or its save (for 3: the last step or the final checkpoint's
-    save); another process resumes to exactly max_steps, as the uninterrupted run."""
-    config = {"save_steps": 1, "max_steps": 4}
+    save); another process resumes to exactly max_steps, as the uninterrupted run (`killed_reference`, shared)."""
+    config = KILLED
     out = tmp_path / "killed"
     delay = random.Random(kill_after).uniform(0.0, 0.5)  # seconds after the checkpoint is complete
     complete = out / f"checkpoint-{kill_after}" / MANIFEST_NAME
@@ -197,10 +231,9 @@ def test_killed_process_resumes_to_exactly_max_steps(tmp_path, tiny_model_dir, k
     resume_step = int(path.rpartition("-")[2])
     assert kill_after <= resume_step < 4, path
 
-    reference = run_phase(config, tiny_model_dir, str(tmp_path / "reference"))
     resumed = run_phase(config, tiny_model_dir, str(out), resume_from=True)
     assert resumed["logs"][-1]["step"] == 4
-    assert compare(reference, resumed, resume_step) == 0.0
+    assert compare(killed_reference, resumed, resume_step) == 0.0
     assert last_complete_checkpoint(str(out))[0] == str(out / "checkpoint-4")
     assert not (out / "checkpoint-5").exists()
 

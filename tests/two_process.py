@@ -34,10 +34,15 @@ SCENARIOS: dict[str, dict] = {}  # name -> {"config": GRPOConfig overrides (resu
 MARK = "two_process"  # the marker naming the scenario a test reads
 
 
-def two_process(name: str, config: dict, resume_step: int | None = None):
+def two_process(name: str, config: dict | None = None, resume_step: int | None = None, recipe: list | None = None):
     """Declare the scenario `name` (`config` as `resume_check.build_trainer` takes it; with `resume_step`, also the
-    run resumed from `checkpoint-<resume_step>`); return the decorator that marks a test reading it."""
-    scenario = {"config": dict(config), "resume_step": resume_step}
+    run resumed from `checkpoint-<resume_step>`), or, with `recipe`, a run of `recipes/math_gsm8k.py` with those
+    arguments and `--output_dir <out>/<name>/full` (its `cli`, as `accelerate launch recipes/math_gsm8k.py` calls it;
+    it closes the process group at its end, so the job runs it last, and one recipe scenario at most); return the
+    decorator that marks a test reading it."""
+    if (config is None) == (recipe is None):
+        raise ValueError(f"two-process scenario {name!r}: give config or recipe, not both")
+    scenario = {"config": dict(config or {}), "resume_step": resume_step, "recipe": recipe}
     if SCENARIOS.setdefault(name, scenario) != scenario:
         raise ValueError(f"two-process scenario {name!r} declared twice with different settings")
 
@@ -74,13 +79,18 @@ def launch(names: list[str], model_dir: str, out_dir: Path, num_processes: int =
 
 
 def _run(names: list[str], model_dir: str, out_dir: Path, num_processes: int) -> str:
-    """Run the job; return "" if it succeeded, else the failure (the tail of its stderr)."""
+    """Run the job; return "" if it succeeded, else the failure (the tail of its stderr). The launch is the one the
+    multi-GPU recipes document (`--config_file recipes/accelerate/ddp.yaml`), on CPU processes (gloo)."""
+    names = sorted(names, key=lambda name: SCENARIOS[name]["recipe"] is not None)  # a recipe run ends the group
+    if sum(SCENARIOS[name]["recipe"] is not None for name in names) > 1:
+        raise ValueError(f"more than one recipe scenario in the two-process job: {names}")
     job = {name: SCENARIOS[name] for name in names}
     job_file = out_dir.parent / f"{out_dir.name}.json"  # outside out_dir, which a rerun (gloo's abort) removes
     job_file.write_text(json.dumps({"model_dir": model_dir, "scenarios": job}))
     cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(num_processes),
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", "recipes/accelerate/ddp.yaml",
+        "--num_processes", str(num_processes), "--num_machines", "1", "--mixed_precision", "no",
+        "--dynamo_backend", "no", "--main_process_port", "0",
         "-m", "tests.two_process", str(job_file), str(out_dir),
     ]  # fmt: skip
     try:
@@ -121,6 +131,12 @@ def _run_job(job_file: str, out_dir: str) -> None:
         full_dir = os.path.join(out_dir, name, "full")
         resume_step = scenario["resume_step"]
         try:
+            if scenario["recipe"] is not None:
+                code = _recipe().cli([*scenario["recipe"], "--output_dir", full_dir])
+                assert code == 0, f"recipes/math_gsm8k.py exited with {code}"
+                record["full"] = {"output_dir": full_dir}
+                torch.save(record, os.path.join(out_dir, f"{name}.rank{rank}"))
+                continue
             record["full"] = run_phase(scenario["config"], job["model_dir"], full_dir, end=last and not resume_step)
             if resume_step:
                 checkpoint = os.path.join(full_dir, f"checkpoint-{resume_step}")
@@ -134,6 +150,17 @@ def _run_job(job_file: str, out_dir: str) -> None:
             sys.stderr.flush()
             os._exit(1)
         torch.save(record, os.path.join(out_dir, f"{name}.rank{rank}"))
+
+
+def _recipe():
+    import importlib.util
+
+    from tests.resume_check import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location("math_gsm8k", REPO_ROOT / "recipes" / "math_gsm8k.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ == "__main__":  # a worker of the job: python -m tests.two_process JOB_JSON OUT_DIR
