@@ -25,8 +25,8 @@ test: $(VENV)/.installed
 # cycle, with LoRA, of a finished run and on two processes (sampler, checkpoint save/load, RNG state, _tr_loss,
 # _step, _buffered_inputs, _memory_tracker); split invariance (policy groups, entropy, KL-Cov through
 # _compute_loss and the log-probabilities); gradient regularization (_clip_grad_norm, _get_grad_norm); fast
-# generation (_generate_single_turn and the transformers internals; compiled with the CPU tests' backend, as in
-# tests/cpu_compile.py: the inductor run of `[compile]` is make test's). The whole suite runs with the newest versions.
+# generation (_generate_single_turn and the transformers internals; compiled with the CPU tests' backend,
+# tests/cpu_compile.py). The whole suite runs with the newest versions.
 OLDEST_TESTS ?= tests/test_trl_contact.py \
 	"tests/test_equivalence.py::test_default_settings_reproduce_stock_trl_exactly" \
 	"tests/test_resume.py::test_resumed_run_equals_uninterrupted[save_steps_inside_generation_cycle]" \
@@ -36,10 +36,7 @@ OLDEST_TESTS ?= tests/test_trl_contact.py \
 	tests/test_grad_reg.py::test_resume_is_exact tests/test_grad_reg.py::test_nonfinite_step_is_skipped_and_training_goes_on \
 	tests/test_entropy.py::test_resume_restores_the_entropy_controllers_exactly \
 	tests/test_policy_groups.py::test_grouped_run_resumes_exactly \
-	"tests/test_generation.py::test_training_with_a_lever_matches_stock_generation[inplace]" \
-	"tests/test_generation.py::test_training_with_a_lever_matches_stock_generation[copy]" \
-	"tests/test_generation.py::test_training_with_a_lever_matches_stock_generation[inplace+compile]" \
-	"tests/test_generation.py::test_training_with_a_lever_matches_stock_generation[copy+compile]" \
+	"tests/test_generation.py::test_training_with_a_lever_matches_stock_generation" \
 	tests/test_generation.py::test_repeated_input_grad_hooks_are_cut_with_fast_generation_and_pile_up_without
 test-oldest: $(VENV)/.installed
 	bash scripts/oldest_overlay.sh $(VENV) .oldest

@@ -19,11 +19,9 @@ os.environ.setdefault("TRL_GRPO_EXT_TEST_CPU_COMPILE_BACKEND", "aot_eager")  # t
 
 
 @pytest.fixture(autouse=True)
-def cpu_compile_backend(request):
-    """Compiled generation off CUDA uses the backend of tests/cpu_compile.py, unless the test is marked `inductor`."""
-    if request.node.get_closest_marker("inductor"):
-        yield
-        return
+def cpu_compile_backend():
+    """Compiled generation off CUDA uses the backend of tests/cpu_compile.py (`aot_eager`; set the environment
+    variable to `inductor` to run the CPU compile tests with transformers' default)."""
     from tests.cpu_compile import BACKEND_ENV, use_backend
 
     undo = use_backend(os.environ[BACKEND_ENV])

@@ -3,12 +3,13 @@
 The CPU tests of `generation_compile` check what compilation does to training and generation: which graphs dynamo
 traces and how often (`unique_graphs`), the one static cache and its addresses, and that training equals stock
 generation. dynamo traces the same graphs whatever the backend; `aot_eager` runs them through AOTAutograd in eager
-mode instead of building C++ kernels (inductor's CPU builds: ~15 s per graph on a cold cache, on 2 cores). Inductor's
-numerics stay covered where they matter, on the card (`tests/test_generation_gpu.py`, `benchmarks/gpu_checks.py`),
-and on the CPU by the tests marked `inductor`.
+mode instead of building C++ kernels (inductor's CPU build of the lever test's decode step: 48 s in CI on a cold
+cache, 2 cores; 4-5 s with `aot_eager`). Inductor's numerics stay covered where they matter, on the card
+(`tests/test_generation_gpu.py`, `benchmarks/gpu_checks.py`). `TRL_GRPO_EXT_TEST_CPU_COMPILE_BACKEND=inductor make
+test` runs the CPU compile tests with inductor.
 
-tests/conftest.py sets `BACKEND_ENV` for the session (subprocesses inherit it: the two-process job's workers call
-`use_backend_from_env`) and patches every test not marked `inductor`.
+tests/conftest.py sets `BACKEND_ENV` for the session, unless it is set already (subprocesses inherit it: the
+two-process job's workers call `use_backend_from_env`), and patches every test.
 """
 
 import os
