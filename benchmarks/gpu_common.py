@@ -130,7 +130,7 @@ def run_child(script: str, child_args: list[str], json_out: Path, timeout: float
     if in_process is not None:
         try:
             code = in_process([*child_args, "--json-out", str(json_out)])
-        except Exception as error:  # as a crashed child: a row saying how
+        except (Exception, SystemExit) as error:  # as a crashed child: a row saying how
             return {"name": name, "error": f"{type(error).__name__}: {error}"}
         return json.loads(json_out.read_text()) if code == 0 else {"name": name, "error": f"exit code {code}"}
     cmd = [sys.executable, script, *child_args, "--json-out", str(json_out)]

@@ -18,7 +18,7 @@ GSM8K_DIR = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
 os.environ.setdefault("TRL_GRPO_EXT_TEST_CPU_COMPILE_BACKEND", "aot_eager")  # tests/cpu_compile.py
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="session", autouse=True)
 def cpu_compile_backend():
     """Compiled generation off CUDA uses the backend of tests/cpu_compile.py (`aot_eager`; set the environment
     variable to `inductor` to run the CPU compile tests with transformers' default)."""

@@ -7,19 +7,16 @@ checkpoint at `resume_step`, and asserts that after the resume every logged metr
 (with the step they were generated at) and the final parameters are the same (max abs diff <= `atol`). Features of
 trl_grpo_ext that keep state across steps pass their settings in `config` and get the check for free.
 
-Run as a script (`python -m tests.resume_check CONFIG_JSON PHASE OUT_JSON`) it does one phase in a process of its own
+Run as a script (`python -m tests.resume_check CONFIG_JSON`) it trains the uninterrupted run in a process of its own
 (`start_phase`: a process the tests kill). The two-process runs are scenarios of tests/two_process.py.
 """
 
 import json
 import math
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import torch
 from datasets import Dataset
 from peft import LoraConfig
 from transformers import PrinterCallback
@@ -125,34 +122,12 @@ def compare(full: dict, resumed: dict, resume_step: int) -> float:
 
 
 def start_phase(config: dict, model_dir: str, output_dir: str) -> subprocess.Popen:
-    """`run_phase` in a new Python process (no accelerate), started and not waited for; its output goes to
-    `<output_dir>.log`, its record to `<output_dir>.record.rank0`."""
-    job = {**config, "model_dir": model_dir, "output_dir": output_dir, "resume_from": None}
-    cmd = [sys.executable, "-m", "tests.resume_check", json.dumps(job), "full", f"{output_dir}.record"]
+    """`run_phase` in a new Python process, started and not waited for (a process the tests kill); its output goes to
+    `<output_dir>.log`."""
+    job = {**config, "model_dir": model_dir, "output_dir": output_dir}
+    cmd = [sys.executable, "-m", "tests.resume_check", json.dumps(job)]
     with open(f"{output_dir}.log", "w") as log:
         return subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
-
-
-GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
-
-
-def run_distributed(cmd: list[str], timeout: int, output_dir: str | None = None) -> subprocess.CompletedProcess:
-    """Run an `accelerate launch` command line from the repository root; assert it succeeded; return it.
-
-    A run whose only failure is gloo's abort while a process tears down its threads (a C++ `std::thread` destroyed
-    while joinable, printed as GLOO_TEARDOWN_ABORT; about one launch in twenty on this 2-core machine, with or without
-    our code) is run once more, after `output_dir` is removed. Any other failure, or the abort twice in a row, fails
-    the test. Each process runs one thread (2 processes on 2 cores).
-    """
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for attempt in (1, 2):
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, env=env)
-        if proc.returncode == 0 or GLOO_TEARDOWN_ABORT not in proc.stderr or attempt == 2:
-            break
-        if output_dir is not None:
-            shutil.rmtree(output_dir, ignore_errors=True)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
 
 
 def check_resume(
@@ -177,17 +152,9 @@ def check_resume(
     return max_diff
 
 
-if __name__ == "__main__":  # one phase in a process of its own (start_phase)
+if __name__ == "__main__":  # one uninterrupted run in a process of its own (start_phase)
     from tests.cpu_compile import use_backend_from_env
 
     use_backend_from_env()
-    config_json, phase, out_file = sys.argv[1:4]
-    config = json.loads(config_json)
-    model_dir, output_dir = config.pop("model_dir"), config.pop("output_dir")
-    resume_from = config.pop("resume_from")
-    record = run_phase(config, model_dir, output_dir, resume_from, end=True)
-    rank = int(os.environ.get("RANK", "0"))
-    torch.save(record, f"{out_file}.rank{rank}")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # the record is written and the process group closed: skip the interpreter's teardown (gloo threads)
+    config = json.loads(sys.argv[1])
+    run_phase(config, config.pop("model_dir"), config.pop("output_dir"))

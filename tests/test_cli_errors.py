@@ -302,15 +302,18 @@ def test_recipe_process_prints_one_line():
 @pytest.fixture(scope="module")
 def debug_process() -> tuple[subprocess.CompletedProcess, str, str]:
     """One fresh process for the two tests below: importing the package (and all it imports) and checking that it
-    added no warning or log filter; then, with TRL_GRPO_EXT_DEBUG=1, the recipe run as `python recipes/math_gsm8k.py`
-    (runpy, as __main__); then `trl-grpo-ext --debug grpo`. (Formerly a process each.) The process, and its stderr
-    split into the recipe's part and the command's."""
+    added no warning or log filter and left TRL's classes in `trl` (tests/conftest.py unregisters before every test,
+    so only a fresh process sees what an import does); then, with TRL_GRPO_EXT_DEBUG=1, the recipe run as `python
+    recipes/math_gsm8k.py` (runpy, as __main__); then `trl-grpo-ext --debug grpo`. (Formerly a process each.) The
+    process, and its stderr split into the recipe's part and the command's."""
     code = (
         "import logging, os, runpy, sys, traceback, warnings\n"
         "import trl_grpo_ext.trainer\n"  # the package and all it imports: TRL, datasets... add filters of their own
         "before = list(warnings.filters)\n"
         "from trl_grpo_ext import cli, entry_points\n"
+        "from trl_grpo_ext.registration import is_registered\n"
         "assert warnings.filters == before and not logging.getLogger('bitsandbytes.backends.cpu.ops').filters\n"
+        "assert not is_registered()\n"  # importing registers nothing: only register() and the grpo command do
         f"os.environ[entry_points.DEBUG_ENV] = '1'\n"
         f"sys.argv = ['recipes/math_gsm8k.py', '--config', {DEMO!r}, '--num_generations', '3']\n"
         "try:\n"
