@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cpu_compile import BACKEND_ENV
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -15,14 +17,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 GSM8K_DIR = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
 
 
-os.environ.setdefault("TRL_GRPO_EXT_TEST_CPU_COMPILE_BACKEND", "aot_eager")  # tests/cpu_compile.py
+os.environ.setdefault(BACKEND_ENV, "aot_eager")  # tests/cpu_compile.py
 
 
 @pytest.fixture(scope="session", autouse=True)
 def cpu_compile_backend():
     """Compiled generation off CUDA uses the backend of tests/cpu_compile.py (`aot_eager`; set the environment
     variable to `inductor` to run the CPU compile tests with transformers' default)."""
-    from tests.cpu_compile import BACKEND_ENV, use_backend
+    from tests.cpu_compile import use_backend
 
     undo = use_backend(os.environ[BACKEND_ENV])
     yield

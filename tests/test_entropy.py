@@ -13,7 +13,7 @@ import trl_grpo_ext.entropy.bonus
 import trl_grpo_ext.entropy.covariance
 from tests.conftest import length_reward, small_grpo_kwargs
 from tests.resume_check import check_resume
-from tests.two_process import checked, two_process
+from tests.two_process import full_records, two_process
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.entropy.bonus import completion_entropy, entropy_advantages, entropy_bonus
 from trl_grpo_ext.entropy.controller import EntropyPI
@@ -378,7 +378,7 @@ ENTROPY_2P = {"entropy_reg": ["target", "clip_cov"], "entropy_target": 7.0, "per
 def test_two_processes_hold_the_same_controller(two_process_runs):
     """Under 2 processes each rank logs its own controller's coefficient: they must agree at every step. The run is
     scenario "entropy" of the suite's shared two-process job (tests/two_process.py)."""
-    ranks = [record["full"] for record in checked(two_process_runs["entropy"])]
+    ranks = full_records(two_process_runs["entropy"])
     coefs = [[row["entropy_reg/coef"] for row in rank["logs"] if "entropy_reg/coef" in row] for rank in ranks]
     assert len(coefs[0]) == 3 and coefs[0] == coefs[1]
     assert coefs[0][-1] > 0

@@ -15,7 +15,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer as TRLGRPOTrainer
 
 from tests.conftest import length_reward, small_grpo_kwargs
 from tests.resume_check import check_resume
-from tests.two_process import checked, two_process
+from tests.two_process import full_records, two_process
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.generation import device_memory
 from trl_grpo_ext.generation import feature as generation_hooks
@@ -604,9 +604,9 @@ def test_each_lever_on_two_processes_matches_stock_generation(two_process_runs):
     """DDP on 2 CPU processes (gloo): the in-place merge with a compiled decode step, and the generation copy, each
     train as stock generation does, on both ranks. The three runs are scenarios "generation_*" of the suite's shared
     two-process job (tests/two_process.py)."""
-    stock = [record["full"] for record in checked(two_process_runs["generation_stock"])]
+    stock = full_records(two_process_runs["generation_stock"])
     for name in TWO_PROCESS_LEVERS:
-        fast = [record["full"] for record in checked(two_process_runs[f"generation_{name}"])]
+        fast = full_records(two_process_runs[f"generation_{name}"])
         for rank in (0, 1):
             logs = [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in fast[rank]["logs"]]
             stock_logs = [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in stock[rank]["logs"]]

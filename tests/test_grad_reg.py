@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback
 
 from tests.conftest import length_reward, small_grpo_kwargs
 from tests.resume_check import check_resume
-from tests.two_process import checked, two_process
+from tests.two_process import full_records, two_process
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.grad_reg.adaptive_kl import AdaptiveKL, per_token_kl
 from trl_grpo_ext.grad_reg.clipping import ZClip, adaptive_clip_, agc_applies, unitwise_norm
@@ -368,7 +368,7 @@ GRAD_REG_2P = {"grad_reg": ["zclip", "agc"], "zclip_warmup_steps": 2, "beta": 0.
 def test_two_processes_hold_the_same_state(two_process_runs):
     """Under 2 processes each rank logs from its own ZClip and β: they must agree at every step, and move. The run is
     scenario "grad_reg" of the suite's shared two-process job (tests/two_process.py)."""
-    ranks = [record["full"] for record in checked(two_process_runs["grad_reg"])]
+    ranks = full_records(two_process_runs["grad_reg"])
     keys = ("grad_reg/threshold", "grad_reg/z", "grad_reg/agc_clipped_frac", "kl_coef", "grad_norm")
     per_rank = [[{k: row[k] for k in keys if k in row} for row in rank["logs"] if "kl_coef" in row] for rank in ranks]
     assert len(per_rank[0]) == 4 and per_rank[0] == per_rank[1]

@@ -1,7 +1,6 @@
 """Multi-GPU: every accelerate config in recipes/accelerate/ is one accelerate 1.15 loads and carries a launch command
 that parses; the GSM8K recipe launched with ddp.yaml on 2 CPU processes holds the same trl_grpo_ext state on both."""
 
-import importlib.util
 import json
 import math
 import shlex
@@ -14,6 +13,7 @@ from accelerate.commands.launch import launch_command_parser
 from accelerate.utils import ComputeEnvironment, DistributedType
 
 from tests.conftest import REPO_ROOT
+from tests.test_recipes import load_recipe
 from tests.two_process import checked, two_process
 from trl_grpo_ext.resume import checkpoint_problem, load_resume_state
 
@@ -25,13 +25,6 @@ EXPECTED = {
     "deepspeed_zero3.yaml": (DistributedType.DEEPSPEED, {"zero_stage": 3, "zero3_init_flag": True}),
     "fsdp2.yaml": (DistributedType.FSDP, {"fsdp_version": 2, "fsdp_activation_checkpointing": True}),
 }
-
-
-def load_recipe():
-    spec = importlib.util.spec_from_file_location("math_gsm8k", REPO_ROOT / "recipes" / "math_gsm8k.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_there_are_the_four_configs():
@@ -73,7 +66,8 @@ def test_accelerate_config_header_has_a_launch_command_that_parses(config, monke
     # The recipe arguments of the command parse (the config it names exists, every flag is a field); --use_cpu: the
     # presets ask for bf16, which TrainingArguments checks against this machine.
     monkeypatch.chdir(REPO_ROOT)
-    _, training_args, _ = load_recipe().make_parser().parse_args_and_config([*argv[5:], "--use_cpu", "true"])
+    parser = load_recipe("math_gsm8k").make_parser()
+    _, training_args, _ = parser.parse_args_and_config([*argv[5:], "--use_cpu", "true"])
     if load_config_from_file(str(config)).fsdp_config.get("fsdp_activation_checkpointing"):
         # transformers' Trainer refuses FSDP's activation checkpointing together with its own training argument
         assert not training_args.activation_checkpointing and not training_args.gradient_checkpointing

@@ -12,7 +12,7 @@ from torch.testing import assert_close
 
 from tests.conftest import small_grpo_kwargs
 from tests.resume_check import check_resume
-from tests.two_process import checked, two_process
+from tests.two_process import full_records, two_process
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.callbacks import plot_policy_groups, stage_spans
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
@@ -267,7 +267,7 @@ def test_staged_run_resumes_exactly(tmp_path, tiny_model_dir):
 @two_process("stages", {**STAGED, "per_device_train_batch_size": 6})
 def test_two_processes_hold_identical_stages(two_process_runs):
     """The run is scenario "stages" of the suite's shared two-process job (tests/two_process.py)."""
-    records = [record["full"] for record in checked(two_process_runs["stages"])]
+    records = full_records(two_process_runs["stages"])
     stages = [[row["policy_groups/stage"] for row in r["logs"] if "policy_groups/stage" in row] for r in records]
     assert stages[0] == stages[1] == [0, 0, 0, 1, 1, 2]
     keys = [k for k in records[0]["logs"][-2] if k.startswith("policy_groups/")]

@@ -9,7 +9,7 @@ from torch.testing import assert_close
 
 from tests.conftest import small_grpo_kwargs
 from tests.resume_check import check_resume
-from tests.two_process import checked, resume_diff, two_process
+from tests.two_process import full_records, resume_diff, two_process
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 from trl_grpo_ext.policy_groups.advantages import loss_weights, policy_group_advantages
@@ -414,7 +414,7 @@ GROUPED_2P = two_process("grouped", {**GROUPED, "per_device_train_batch_size": 6
 def test_two_processes_hold_identical_weights_and_see_different_prompts(two_process_runs):
     """The uninterrupted run of scenario "grouped" of the suite's shared two-process job (tests/two_process.py), the
     one `test_two_processes_grouped_run_resumes_exactly` resumes."""
-    records = [record["full"] for record in checked(two_process_runs["grouped"])]
+    records = full_records(two_process_runs["grouped"])
     assert records[0]["prompts"] != records[1]["prompts"]  # each rank takes its own slice of the global draw
     keys = [k for k in records[0]["logs"][-2] if k.startswith("policy_groups/")]
     assert keys and all(row0.get(k) == row1.get(k) for row0, row1 in zip(records[0]["logs"], records[1]["logs"],

@@ -148,6 +148,11 @@ def checked(ranks: list[dict]) -> list[dict]:
     return ranks
 
 
+def full_records(ranks: list[dict]) -> list[dict]:
+    """Each rank's record of the scenario's uninterrupted run, after `checked`."""
+    return [record["full"] for record in checked(ranks)]
+
+
 def resume_diff(ranks: list[dict], resume_step: int, atol: float = 1e-6) -> float:
     """`resume_check.check_resume`'s comparison on every rank: resumed == uninterrupted after `resume_step`; the max
     abs difference (metrics, weights), asserted <= `atol`."""
@@ -160,6 +165,7 @@ def _run_job(job_file: str, out_dir: str) -> None:
     """One worker process: every scenario in turn; its record written as soon as the scenario is done."""
     from tests.cpu_compile import use_backend_from_env
     from tests.resume_check import run_phase
+    from tests.test_recipes import load_recipe
 
     use_backend_from_env()
     job = json.loads(Path(job_file).read_text())
@@ -173,7 +179,7 @@ def _run_job(job_file: str, out_dir: str) -> None:
         resume_step = scenario["resume_step"]
         try:
             if scenario["recipe"] is not None:
-                code = _recipe().cli([*scenario["recipe"], "--output_dir", full_dir])
+                code = load_recipe("math_gsm8k").cli([*scenario["recipe"], "--output_dir", full_dir])
                 assert code == 0, f"recipes/math_gsm8k.py exited with {code}"
                 record["full"] = {"output_dir": full_dir}
                 torch.save(record, os.path.join(out_dir, f"{name}.rank{rank}"))
@@ -191,15 +197,6 @@ def _run_job(job_file: str, out_dir: str) -> None:
             sys.stderr.flush()
             os._exit(1)
         torch.save(record, os.path.join(out_dir, f"{name}.rank{rank}"))
-
-
-def _recipe():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("math_gsm8k", REPO_ROOT / "recipes" / "math_gsm8k.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 if __name__ == "__main__":  # a worker of the job: python -m tests.two_process JOB_JSON OUT_DIR

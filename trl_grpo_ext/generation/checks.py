@@ -37,8 +37,8 @@ def multi_turn_problem(args, multi_turn: bool) -> str | None:
     if args.generation_compile and multi_turn:
         return (
             "generation_compile=True with tools or environment_factory (multi-turn): each tool-calling turn generates "
-            "for another batch size and prompt "
-            "length, so every turn would build its own static cache and compile the decode step again, slower than "
-            "TRL's dynamic cache; set generation_compile=False (generation_lora_merge still applies)"
+            "for another batch size and prompt length, so every turn would build its own static cache and compile "
+            "the decode step again, slower than TRL's dynamic cache; set generation_compile=False "
+            "(generation_lora_merge still applies)"
         )
     return None
