@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 
 .PHONY: demo test test-oldest wheel-check
-$(VENV)/.installed: pyproject.toml scripts/setup.sh scripts/torch_spec.sh
+$(VENV)/.installed: pyproject.toml scripts/setup.sh scripts/torch_spec.sh scripts/pip_install.py
 	bash scripts/setup.sh $(VENV)
 
 demo: $(VENV)/.installed

@@ -11,7 +11,7 @@ venv="$1"
 dir="$2"
 oldest=("transformers==5.18.0" "trl==1.16.0")
 rm -rf "$dir"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --target "$dir" "${oldest[@]}"
+"$venv/bin/python" "$(dirname "$0")/pip_install.py" "$venv/bin/python" --no-deps --target "$dir" "${oldest[@]}"
 PYTHONPATH="$dir" "$venv/bin/python" - "${oldest[@]}" <<'PY'
 import sys
 from importlib.metadata import version

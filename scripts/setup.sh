@@ -10,21 +10,17 @@ python="${PYTHON:-python3}"
 if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
-# pip byte-compiles the files it installs one after the other (torch alone ~45 s on 2 cores): install without, then
-# compile the environment once on every core (compileall -j 0). The byte code is needed: where PYTHONDONTWRITEBYTECODE
-# is set (this project's machines) Python never writes what it compiles on import, so without it every process
-# would compile torch and transformers from source again (the test suite took twice as long).
-pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile)
+# Installs go through scripts/pip_install.py: uv where it installs (several times faster than pip, with pip's settings
+# carried over), pip otherwise. --compile writes the byte code, which Python does not where PYTHONDONTWRITEBYTECODE is
+# set (this project's machines).
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check uv || echo "uv did not install; pip installs instead"
+install=("$venv/bin/python" "$(dirname "$0")/pip_install.py" "$venv/bin/python" --compile)
 
 if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
   spec="$(bash "$(dirname "$0")/torch_spec.sh")"
   echo "Installing $spec into $venv"
-  "${pip[@]}" "$spec"
+  "${install[@]}" "$spec"
 fi
 echo "Installing trl-grpo-ext (editable) with its test tools into $venv"
-"${pip[@]}" -e ".[test]"
-site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-echo "Byte-compiling $site"
-# exit code 1 when a file does not compile (a few packages ship such files; pip skips them the same way)
-"$venv/bin/python" -m compileall -q -j 0 "$site" >/dev/null || true
+"${install[@]}" -e ".[test]"
 touch "$venv/.installed"

@@ -60,11 +60,11 @@ unzip -p "$wheel" '*.dist-info/entry_points.txt' | grep -qx 'trl-grpo-ext = trl_
 stage "the wheel holds the $(grep -c . "$work/expected.txt") package files (model configs included) and nothing else"
 
 # 3. A clean environment: torch first, then the wheel with its dependencies. The environment gets no pip of its
-# own (the build environment's pip installs into it, `pip --python`), and pip does not byte-compile what it
-# installs (torch alone takes ~45 s): the smoke test below compiles only what it imports.
+# own: the build environment installs into it (scripts/pip_install.py: uv where the set-up installed it, else pip),
+# without byte-compiling what it installs (torch alone takes ~45 s): the smoke test below compiles what it imports.
 "${PYTHON:-python3}" -m venv --without-pip "$work/venv"
 venv_py="$work/venv/bin/python"
-pip=("$build_py" -m pip --python "$venv_py" install --quiet --disable-pip-version-check --no-compile)
+pip=("$build_py" "$repo/scripts/pip_install.py" "$venv_py")
 torch_spec="$(bash "$repo/scripts/torch_spec.sh")"  # chosen as scripts/setup.sh chooses it
 "${pip[@]}" "$torch_spec"
 torch_version() { "$venv_py" -c 'import importlib.metadata as m; print(m.version("torch"))'; }
