@@ -24,6 +24,7 @@ start which groups can be learnt and never draws another; no sampling rule can d
 
 import argparse
 import json
+import math
 import multiprocessing
 import statistics
 import sys
@@ -88,12 +89,14 @@ MIXES = {
 }  # fmt: skip
 
 
-def group_rows(mix: str) -> list[str]:
-    """The group of each of the `PROMPTS` training prompts: shares rounded, spread by a fixed stride."""
-    groups, _ = MIXES[mix]
-    names = [g for g, (_, share) in groups.items() for _ in range(round(share * PROMPTS))][:PROMPTS]
-    names += [names[-1]] * (PROMPTS - len(names))
-    return [names[(i * 97) % PROMPTS] for i in range(PROMPTS)]  # 97 is prime to 256: a permutation
+def group_rows(mix: str, spec: tuple | None = None, prompts: int = PROMPTS) -> list[str]:
+    """The group of each of the `prompts` training prompts of `spec` (default `MIXES[mix]`): shares rounded, spread
+    by a fixed stride."""
+    groups, _ = spec or MIXES[mix]
+    names = [g for g, (_, share) in groups.items() for _ in range(round(share * prompts))][:prompts]
+    names += [names[-1]] * (prompts - len(names))
+    stride = next(k for k in (97, 89, 83, 79, 73) if math.gcd(k, prompts) == 1)  # prime to `prompts`: a permutation
+    return [names[(i * stride) % prompts] for i in range(prompts)]
 
 
 class MixReward:
@@ -102,8 +105,8 @@ class MixReward:
 
     __name__ = "mix_reward"
 
-    def __init__(self, mix: str):
-        self.groups, _ = MIXES[mix]
+    def __init__(self, mix: str, spec: tuple | None = None):
+        self.groups, _ = spec or MIXES[mix]
         self.trainer = None
         self.evals: dict[int, dict[str, list[float]]] = {}
         self.tokens: dict[int, int] = {}
@@ -123,14 +126,14 @@ class MixReward:
         return rewards
 
 
-def datasets(mix: str):
+def datasets(mix: str, spec: tuple | None = None, prompts: int = PROMPTS):
     from datasets import Dataset
 
     from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 
-    groups, _ = MIXES[mix]
-    rows = to_grpo_rows(synthetic_gsm8k(PROMPTS, seed=7))
-    for row, group in zip(rows, group_rows(mix), strict=True):
+    groups, _ = spec or MIXES[mix]
+    rows = to_grpo_rows(synthetic_gsm8k(prompts, seed=7))
+    for row, group in zip(rows, group_rows(mix, spec, prompts), strict=True):
         row["task"] = group
     learnable = [g for g, (task, _) in groups.items() if TASKS[task][1]]
     eval_rows = to_grpo_rows(synthetic_gsm8k(EVAL_PER_GROUP * len(learnable), seed=99))
@@ -153,9 +156,10 @@ def run(job: dict) -> dict:
     from trl_grpo_ext import GRPOConfig, GRPOTrainer
 
     mix, seed, overrides, max_steps = job["mix"], job["seed"], job["overrides"], job["max_steps"]
-    _, threshold = MIXES[mix]
-    train, evaluation, learnable = datasets(mix)
-    reward = MixReward(mix)
+    spec = job.get("spec")  # (groups, threshold) of a mix outside MIXES
+    _, threshold = spec or MIXES[mix]
+    train, evaluation, learnable = datasets(mix, spec, job.get("prompts", PROMPTS))
+    reward = MixReward(mix, spec)
     with tempfile.TemporaryDirectory() as out:
         settings = dict(SETTINGS, output_dir=out, max_steps=max_steps, seed=seed, eval_strategy="steps",
                         eval_steps=EVAL_EVERY)  # fmt: skip
@@ -169,6 +173,8 @@ def run(job: dict) -> dict:
         trainer = trainer_cls(model=job["model_dir"], reward_funcs=[reward], args=config_cls(**settings),
                               train_dataset=train, eval_dataset=evaluation)  # fmt: skip
         trainer.remove_callback(PrinterCallback)
+        if job.get("skip_oracle"):  # prompt skipping told which prompts give all-equal rewards (prompt_skip_family.py)
+            skip_oracle(trainer, train, (spec or MIXES[mix])[0])
         if job.get("stop", True):  # `stop=False`: train all `max_steps` (final rewards, not only steps to threshold)
             trainer.add_callback(StopAtThreshold(reward, learnable, threshold))
         reward.trainer = trainer
@@ -190,8 +196,23 @@ def run(job: dict) -> dict:
     return {"mix": mix, "seed": seed, "variant": job["variant"], "steps": reached,
             "tokens": tokens if reached else None, "step_time": statistics.median(step_times), "curve": curve,
             "prompts_per_group": prompts, "zero_std": zero_std, "final_step": final, "log": logs,
+            "tokens_per_step": dict(reward.tokens),
             "group_evals": {step: {g: statistics.mean(v) for g, v in per_group.items()}
                             for step, per_group in sorted(reward.evals.items())}}  # fmt: skip
+
+
+# tasks whose generation groups always get one reward: every advantage 0, nothing a step can learn from them
+ALL_EQUAL_TASKS = {"solved", "hopeless", "constant"}
+
+
+def skip_oracle(trainer, train, groups: dict) -> None:
+    """Make the trainer's prompt skipping an oracle: a prompt of an `ALL_EQUAL_TASKS` group is never generated for
+    (but for the layout's floor), every other one always; the loss normalized as for any skip."""
+    import torch
+
+    uninformative = torch.tensor([groups[task][0] in ALL_EQUAL_TASKS for task in train["task"]])
+    feature = trainer.features["prompt_skip"]
+    feature.keep_probabilities = lambda rows: (~uninformative[rows]).double()
 
 
 class StopAtThreshold(TrainerCallback):

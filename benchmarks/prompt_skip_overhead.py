@@ -1,13 +1,19 @@
-"""What prompt skipping costs (issue #17): memory for a million prompts, and the time of its per-batch work.
+"""What prompt skipping costs (issues #17, #29): memory for a million prompts, and the time of its per-batch work.
 
     python benchmarks/prompt_skip_overhead.py [--prompts 1000000] [--batch 64] [--generations 8] [--repeats 20]
 
 Memory: the bytes `PromptHistory` holds for `--prompts` prompts, and the size of the state as a checkpoint writes it
 (`torch.save` of `PromptSkipState.state_dict()`, which also holds the rest of the current pass over the dataset: 8
-bytes a prompt at the start of a pass, none at its end). Time: one generation batch's work, the draw of `--batch`
-prompts through the keep filter with half of the history uninformative (streaks 1-5), plus folding the batch's
-rewards into the history; median of `--repeats`. Compare it with a step: 40-58 s on an H200 for the presets, 0.24 s
-for the tiny CPU model of `prompt_skip_learning.py`.
+bytes a prompt at the start of a pass, none at its end). Time, median of `--repeats`, with half of the history
+uninformative (streaks 1-5) and half of it never seen:
+
+- without refilling (the default): the keep probabilities of the `--batch` drawn prompts, with the first-visit
+  prediction from 8 policy groups (the solved share of each, over the whole history), the decisions and the layout,
+  plus folding the batch's rewards into the history;
+- with refilling: the draw of `--batch` prompts through the keep filter, plus folding the rewards in.
+
+Compare it with a step: 40-58 s on an H200 for the presets, 0.24 s for the tiny CPU model of
+`prompt_skip_learning.py`.
 """
 
 import argparse
@@ -20,7 +26,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trl_grpo_ext.prompt_skip.skipping import keep_probability  # noqa: E402
+from trl_grpo_ext.prompt_skip.history import NEVER  # noqa: E402
+from trl_grpo_ext.prompt_skip.skipping import (  # noqa: E402
+    keep_for_layout,
+    keep_probability,
+    layout_quantum,
+    prompt_keep_probability,
+)
 from trl_grpo_ext.prompt_skip.state import PromptSkipState  # noqa: E402
 
 
@@ -37,6 +49,26 @@ def main() -> None:
     state.history.streak[uninformative] = torch.randint(1, 6, (int(uninformative.sum()),), generator=generator).to(
         torch.int8
     )
+    seen = torch.rand(args.prompts, generator=generator) < 0.5
+    state.history.last_step[seen] = 1
+    state.history.value[uninformative] = 1.0
+    state.best_reward = 1.0
+    groups = (torch.randint(0, 8, (args.prompts,), generator=generator), 8)
+    no_refill = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        rows = torch.randint(0, args.prompts, (args.batch,), generator=generator)
+        probability = prompt_keep_probability(state.history, rows, state.base, state.best_reward, 3, 0.05, groups)
+        draws = torch.rand(args.batch, dtype=torch.float64, generator=state.decision_generator())
+        kept = keep_for_layout(draws < probability, probability, layout_quantum(args.generations, 1, 1))
+        skipped = rows[~kept]
+        estimate = state.history.length[skipped].double().where(state.history.last_step[skipped] != NEVER, 200.0)
+        float(estimate.sum())  # the skipped completions' tokens, for the loss's normalizer
+        rewards = torch.randint(0, 2, (int(kept.sum()), args.generations), generator=generator).double()
+        lengths = torch.full((int(kept.sum()), args.generations), 200.0)
+        state.history.observe(rows[kept], rewards, lengths, step=1)
+        no_refill.append(time.perf_counter() - start)
+    state.history.last_step[~seen] = NEVER
     decisions = state.decision_generator()
 
     def keep(row: int) -> bool:
@@ -61,10 +93,11 @@ def main() -> None:
     print(f"prompts {args.prompts:,}: history {history_mb:.1f} MiB ({state.history.nbytes() / args.prompts:.0f} bytes "
           f"a prompt), with the pass order {state_mb:.1f} MiB (limit 64 MB); checkpointed state "
           f"{len(buffer.getvalue()) / 2**20:.1f} MiB")  # fmt: skip
-    per_batch = statistics.median(times)
-    print(f"one generation batch ({args.batch} prompts x {args.generations}): {per_batch * 1e3:.2f} ms (median of "
-          f"{args.repeats}); {per_batch / 0.24:.4f} of a 0.24 s tiny CPU step, {per_batch / 40:.6f} of a 40 s "
-          "H200 preset step")  # fmt: skip
+    for name, measured in (("without refilling", no_refill), ("with refilling", times)):
+        per_batch = statistics.median(measured)
+        print(f"one generation batch ({args.batch} prompts x {args.generations}), {name}: {per_batch * 1e3:.2f} ms "
+              f"(median of {args.repeats}); {per_batch / 0.24:.4f} of a 0.24 s tiny CPU step, {per_batch / 40:.6f} "
+              "of a 40 s H200 preset step")  # fmt: skip
 
 
 if __name__ == "__main__":

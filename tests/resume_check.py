@@ -15,6 +15,7 @@ import json
 import math
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 from datasets import Dataset
@@ -61,18 +62,41 @@ class RecordingReward:
         return [1.0 if s else (len(c[0]["content"]) % 7) / 7 for c, s in zip(completions, solved, strict=True)]
 
 
+SCRIPTED_LENGTH = 10  # tokens of every scripted completion
+
+
+class ScriptedCompletions(GRPOTrainer):
+    """Training completions scripted instead of generated: the c-th copy of a prompt at step s gets SCRIPTED_LENGTH
+    tokens drawn from a hash of (prompt, c, s), whichever other prompts the generation batch holds (sampling would
+    draw each row's tokens from a stream shared by the whole batch). Lets a run that generates for fewer prompts be
+    compared with one that generates for all. Evaluation generates as TRL does."""
+
+    def hook_generate_single_turn(self, prompt_ids, *args, **kwargs):
+        if not self.model.training:
+            return super().hook_generate_single_turn(prompt_ids, *args, **kwargs)
+        completions = []
+        first = self.accelerator.process_index * len(prompt_ids)  # this process's first row of the global batch
+        for i, ids in enumerate(prompt_ids):
+            copy = (first + i) % self.num_generations  # each prompt num_generations times in a row (TRL's layout)
+            seed = zlib.crc32(repr((tuple(int(t) for t in ids), copy, self.state.global_step)).encode())
+            completions.append([100 + (seed * (k + 1) * 2654435761 >> 7) % 300 for k in range(SCRIPTED_LENGTH)])
+        return completions, None
+
+
 def build_trainer(config: dict, model_dir: str, output_dir: str) -> tuple[GRPOTrainer, RecordingReward]:
     """A trainer on seeded GSM8K-style problems; `config` holds GRPOConfig overrides plus `lora` (rank) and
-    `num_problems` (dataset size, default 8: a few steps cross several epochs) and `half_solved` (every other problem
-    gets reward 1 for every completion: generation groups with nothing to learn)."""
+    `num_problems` (dataset size, default 8: a few steps cross several epochs), `half_solved` (every other problem
+    gets reward 1 for every completion: generation groups with nothing to learn) and `scripted` (training completions
+    from `ScriptedCompletions`)."""
     config = dict(config)
     lora_rank = config.pop("lora", None)
     num_problems = config.pop("num_problems", 8)
+    trainer_class = ScriptedCompletions if config.pop("scripted", False) else GRPOTrainer
     rows = to_grpo_rows(synthetic_gsm8k(num_problems, seed=2))
     if config.pop("half_solved", False):
         rows = [{**row, "solved": i % 2 == 0} for i, row in enumerate(rows)]
     reward = RecordingReward()
-    trainer = GRPOTrainer(
+    trainer = trainer_class(
         model=model_dir,
         reward_funcs=[reward],
         args=GRPOConfig(output_dir=output_dir, **{**DEFAULTS, **config}),
@@ -87,18 +111,27 @@ def build_trainer(config: dict, model_dir: str, output_dir: str) -> tuple[GRPOTr
 def run_phase(
     config: dict, model_dir: str, output_dir: str, resume_from: str | None = None, end: bool = False
 ) -> dict:
-    """Train and return what the comparison needs: logged rows, prompts seen, final parameters (as lists).
+    """Train and return what the comparison needs: logged rows, prompts seen, final parameters (as lists); with
+    `first_params=True` in `config`, also the parameters before training (`first_params`).
 
     `end=True` closes the trainer's process group (the last call of a worker process)."""
+    config = dict(config)
+    record_first = config.pop("first_params", False)
     trainer, reward = build_trainer(config, model_dir, output_dir)
+
+    def trainable():
+        return {n: p.detach().float().cpu().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+    first = trainable() if record_first else None
     trainer.train(resume_from_checkpoint=resume_from)
     if end:
         trainer.end()  # without it, gloo's threads can abort the process at exit ("terminate called ...")
-    return {
+    record = {
         "logs": [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in trainer.state.log_history],
         "prompts": reward.calls,
-        "params": {n: p.detach().float().cpu() for n, p in trainer.model.named_parameters() if p.requires_grad},
+        "params": trainable(),
     }
+    return record | ({"first_params": first} if record_first else {})
 
 
 def compare(full: dict, resumed: dict, resume_step: int) -> float:

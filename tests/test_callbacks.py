@@ -23,3 +23,15 @@ def test_table_rows_history_and_plot(tmp_path, capsys):
     assert len((tmp_path / "training_metrics.jsonl").read_text().splitlines()) == 3
     png = (tmp_path / "training_curves.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_with_prompt_skipping_the_table_shows_the_tokens(tmp_path, capsys):
+    callback = MetricsTableCallback()
+    args = SimpleNamespace(output_dir=str(tmp_path))
+    state = SimpleNamespace(is_world_process_zero=True, global_step=1)
+    logs = {"reward": 0.5, "reward_std": 0.1, "entropy": 2.0, "step_time": 0.5,
+            "prompt_skip/completion_tokens": 480.0, "prompt_skip/tokens_saved": 160.0}  # fmt: skip
+    callback.on_log(args, state, None, logs=logs)
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split()[-3:] == ["tokens", "skipped", "(total)"]
+    assert row.split()[-2:] == ["480", "160"]

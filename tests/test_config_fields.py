@@ -68,6 +68,8 @@ FIELDS = {
     "prompt_skip_adapt_step": ([], [1e-6, 1.0], {}, "a finite number in (0, 1]"),
     "prompt_skip_failing_grace": ([], [0, 100], {}, "an integer >= 0"),
     "prompt_skip_min_keep": ([], [1e-6, 0.5], {}, "a finite number in (0, 1]"),
+    "prompt_skip_first_visit": ([], [True, False, "true", "no"], {}, "true or false"),
+    "prompt_skip_refill": ([], [True, False, "true", "no"], {}, "true or false"),
     "entropy_reg": ([], [[], "target", ["advantage", "clip_cov"], "kl_cov,target"], {}, "entropy_reg "),
     "entropy_target_per_group": ([], [False, True], {"entropy_reg": "target"}, "true or false"),
     "entropy_pi_kp": (["2.5"], [0.0, 1000.0], {}, "a finite number in [0, 1000]"),
@@ -134,6 +136,8 @@ def test_each_field_takes_its_edge_values(tmp_path, name):
             "policy_group_loss_weighting",
             "generation_compile",
             "prompt_skip",
+            "prompt_skip_first_visit",
+            "prompt_skip_refill",
             "policy_group_warmup_plateau",
             "run_doctor",
         ):

@@ -349,6 +349,25 @@ def test_doctor_command_reports_and_draws_the_dashboard(tmp_path, capsys):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 50_000
 
 
+def test_the_report_and_the_dashboard_account_for_skipped_prompts(tmp_path, capsys):
+    """With prompt skipping, the report says what generation cost and what skipping left out (the running totals at
+    the last logged step: 30 steps of 300 generated tokens and 100 left out, 1 prompt skipped a step), and the
+    dashboard plots both per step; without it, no such line."""
+    totals = {"prompt_skip/completion_tokens_total": lambda t: 300.0 * t,
+              "prompt_skip/tokens_saved": lambda t: 100.0 * t, "prompt_skip/skipped": lambda t: 1.0 * t}  # fmt: skip
+    rows = log(30, **{"prompt_skip/completion_tokens": 300.0}, **totals)
+    line = diagnose(rows).generation
+    assert line == (
+        "generation: 9,000 completion tokens generated for training; prompt skipping left out 30 prompts, "
+        "about 3,000 tokens (25% of what generating every drawn prompt would have cost)"
+    )
+    assert diagnose(log(30)).generation == ""
+    (tmp_path / "training_metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert cli.main(["doctor", str(tmp_path)]) == 0
+    assert line in capsys.readouterr().out
+    assert (tmp_path / "doctor.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_doctor_reads_the_newest_readable_checkpoint_of_a_running_run(tmp_path, capsys):
     for step, text in ((20, json.dumps({"log_history": log(20)})), (40, '{"log_history": [')):  # 40: being written
         (tmp_path / f"checkpoint-{step}").mkdir()

@@ -1,6 +1,9 @@
-"""Issue #17: prompt skipping. Pure functions against hand-computed values, the draws' contracts, and tiny end-to-end
-runs: solved prompts are skipped once seen, the generation batch keeps its size and TRL's repeat contract, metrics
-are logged, and a resumed run (one process and two) continues exactly."""
+"""Issues #17 and #29: prompt skipping. Pure functions against hand-computed values, the draws' and the layout's
+contracts, and tiny end-to-end runs: solved prompts are skipped once seen and not replaced (or, with refilling,
+replaced), a step that skips only uninformative generation groups makes stock TRL's update for every loss type and
+layout (one process and two), metrics are logged, evaluation is never skipped, and a resumed run continues exactly."""
+
+import math
 
 import pytest
 import torch
@@ -8,13 +11,23 @@ from datasets import Dataset
 from torch.testing import assert_close
 
 from tests.conftest import small_grpo_kwargs
-from tests.resume_check import check_resume
-from tests.two_process import resume_diff, two_process
+from tests.resume_check import check_resume, run_phase
+from tests.two_process import full_records, resume_diff, two_process
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 from trl_grpo_ext.policy_groups.state import PolicyGroupState
+from trl_grpo_ext.prompt_skip import normalizer
 from trl_grpo_ext.prompt_skip.history import NEVER, STREAK_MAX, PromptHistory, uninformative
-from trl_grpo_ext.prompt_skip.skipping import adapt_base, keep_probability, skip_streak
+from trl_grpo_ext.prompt_skip.normalizer import normalizer_correction
+from trl_grpo_ext.prompt_skip.skipping import (
+    adapt_base,
+    first_visit_keep,
+    keep_for_layout,
+    keep_probability,
+    layout_quantum,
+    skip_streak,
+    solved_share,
+)
 from trl_grpo_ext.prompt_skip.state import PromptSkipState
 
 NAN = float("nan")
@@ -76,6 +89,57 @@ def test_the_base_moves_towards_the_target_within_its_bounds():
     assert adapt_base(0.5, observed=NAN, target=0.25, step=0.02, low=0.05) == 0.5
 
 
+def test_the_layout_quantum_splits_evenly_over_processes_and_micro_batches():
+    assert layout_quantum(num_generations=4, num_processes=1, steps_per_generation=1) == 1
+    assert layout_quantum(4, 2, 1) == 1  # 4 completions: 2 per process
+    assert layout_quantum(4, 2, 4) == 2  # 8 slots: 2 prompts give 8 completions, 1 per micro-batch and process
+    assert layout_quantum(3, 2, 2) == 4  # gcd(3, 4) = 1: 4 prompts, 12 completions, 3 per micro-batch and process
+    assert layout_quantum(8, 1, 3) == 3
+
+
+def test_skipped_prompts_come_back_for_the_layout_the_likeliest_first():
+    kept = torch.tensor([True, False, False, True, False, False])
+    probability = torch.tensor([1.0, 0.1, 0.3, 1.0, 0.3, 0.2], dtype=torch.float64)
+    # 2 kept, quantum 4: the two skipped with the highest keep probability (0.3, 0.3: draw order) come back
+    assert keep_for_layout(kept, probability, quantum=4).tolist() == [True, False, True, True, True, False]
+    assert keep_for_layout(kept, probability, quantum=2).tolist() == kept.tolist()  # already a multiple
+    nothing = torch.zeros(6, dtype=torch.bool)
+    assert keep_for_layout(nothing, probability, quantum=3).tolist() == [True, False, True, True, False, False]
+
+
+def test_a_first_visit_is_predicted_from_the_groups_solved_share():
+    assignment = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2])
+    seen = torch.tensor([True, True, True, False, True, True, True, True, False])
+    solved = torch.tensor([True, True, False, False, False, False, False, True, False])
+    share = solved_share(assignment, solved, seen, groups=3, least=3)
+    # group 0: 2 of 3 seen solved; group 1: 1 of 4; group 2: none seen (< 3): NaN
+    assert_close(share[:2], torch.tensor([2 / 3, 1 / 4], dtype=torch.float64))
+    assert torch.isnan(share[2])
+    keep = first_visit_keep(torch.tensor([2 / 3, 1 / 4, NAN, 1.0]), floor=0.05)
+    assert_close(keep, torch.tensor([1 / 3, 3 / 4, 1.0, 0.05], dtype=torch.float64))
+
+
+def test_the_normalizer_counts_the_skipped_completions_per_loss_type():
+    # 3 of 4 prompts kept, 90 tokens generated, 30 estimated for the skipped prompt
+    assert normalizer_correction("dapo", 3, 4, 90.0, 30.0) == (30.0, 1.0)  # num_items_in_batch 90 -> 120
+    assert normalizer_correction("grpo", 3, 4, 90.0, 30.0) == (0.0, 0.75)  # mean over 3/4 of the completions
+    assert normalizer_correction("dr_grpo", 3, 4, 90.0, 30.0) == (0.0, 0.75)
+    assert normalizer_correction("bnpo", 3, 4, 90.0, 30.0) == (0.0, 0.75)  # 90 / (90 + 30)
+    assert normalizer_correction("bnpo", 4, 4, 0.0, 0.0) == (0.0, 1.0)
+    assert set(normalizer.NORMALIZERS) >= {"dapo", "grpo", "bnpo", "dr_grpo"}
+
+
+def test_a_loss_type_whose_normalizer_is_unknown_is_refused_at_config_time(tmp_path, monkeypatch):
+    monkeypatch.delitem(normalizer.NORMALIZERS, "bnpo")  # as a loss type of a newer TRL would be
+    kwargs = small_grpo_kwargs(tmp_path, remove_unused_columns=False, loss_type="bnpo")
+    refused = r"prompt_skip=True cannot count the skipped completions in the normalizer of loss_type='bnpo' \(it can "
+    with pytest.raises(ValueError, match=refused):
+        GRPOConfig(**kwargs, prompt_skip=True)
+    GRPOConfig(**kwargs, prompt_skip=True, prompt_skip_refill=True)  # refilling keeps the batch full: no correction
+    with pytest.raises(ValueError, match="cannot count"):
+        normalizer_correction("bnpo", 1, 2, 1.0, 1.0)
+
+
 def test_the_uniform_draw_passes_over_every_row_and_skips_what_the_filter_refuses():
     state = PromptSkipState(10, base=0.5, seed=3)
     first = state.draw_rows(10, keep=None)
@@ -98,47 +162,92 @@ def test_inside_a_policy_groups_draw_the_groups_are_drawn_as_without_the_filter(
     assert not set(kept.tolist()) & {0, 4}
 
 
-def _half_solved(n: int = 16) -> Dataset:
+def _half_solved(n: int = 16, solved_every: int = 2) -> Dataset:
     rows = to_grpo_rows(synthetic_gsm8k(n, seed=4))
-    return Dataset.from_list([{**row, "solved": i % 2 == 0} for i, row in enumerate(rows)])
+    return Dataset.from_list([{**row, "solved": i % solved_every == 0} for i, row in enumerate(rows)])
 
 
 class _SeenPrompts:
     """Rewards 1 for every completion of a solved prompt, else the completion length mod 7 over 7; records which
-    prompts each training generation batch held."""
+    prompts each training generation batch held, and the size of each evaluation batch."""
 
     __name__ = "seen_prompts"
 
     def __init__(self):
-        self.trainer, self.batches = None, []
+        self.trainer, self.batches, self.eval_sizes = None, [], []
 
     def __call__(self, completions, solved, **kwargs):
         if self.trainer.model.training:  # the row column is added by the trainer, after the dataset check
             self.batches.append((list(solved), list(kwargs["policy_group_row"])))
+        else:
+            self.eval_sizes.append(len(completions))
         return [1.0 if s else (len(c[0]["content"]) % 7) / 7 for c, s in zip(completions, solved, strict=True)]
 
 
-def _train(tmp_path, model_dir, **settings):
+def _train(tmp_path, model_dir, dataset=None, eval_dataset=None, **settings):
     reward = _SeenPrompts()
     args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=8, per_device_train_batch_size=16), **settings)
-    trainer = GRPOTrainer(model_dir, [reward], args, _half_solved())
+    trainer = GRPOTrainer(model_dir, [reward], args, dataset or _half_solved(), eval_dataset=eval_dataset)
     reward.trainer = trainer
     trainer.train()
     return trainer, reward
 
 
-def test_solved_prompts_are_skipped_once_seen_and_batches_keep_trls_contract(tmp_path, tiny_model_dir):
-    """16 prompts, half of them solved; 4 prompts x 4 completions a step for 8 steps. Once a solved prompt has been
-    seen, it comes back with probability 0.5^z at most: later batches hold fewer solved prompts than the 50% a
-    uniform draw gives, and every logged figure says so."""
-    trainer, reward = _train(tmp_path, tiny_model_dir, prompt_skip=True, prompt_skip_target=0.0)
+def _skip_logs(trainer) -> list[dict]:
+    return [row for row in trainer.state.log_history if "prompt_skip/skipped" in row]
+
+
+def test_solved_prompts_are_skipped_once_seen_and_not_replaced(tmp_path, tiny_model_dir):
+    """16 prompts, half of them solved; 4 prompts x 4 completions drawn a step for 8 steps, TRL's sampler drawing.
+    Once a solved prompt has been seen it is generated for with probability 0.5^z at most, and nothing takes its
+    place: batches shrink, every prompt still 4 times in a row, the counts add up, evaluation is not skipped."""
+    evaluation = _half_solved(4)
+    trainer, reward = _train(tmp_path, tiny_model_dir, eval_dataset=evaluation, prompt_skip=True,
+                             prompt_skip_target=0.0, eval_strategy="steps", eval_steps=4,
+                             per_device_eval_batch_size=16)  # fmt: skip
+    assert len(reward.batches) == 8
+    sizes = [len(rows) for _, rows in reward.batches]
+    assert all(size % 4 == 0 and 4 <= size <= 16 for size in sizes) and min(sizes) < 16
+    for _, rows in reward.batches:
+        assert all(len(set(rows[i : i + 4])) == 1 for i in range(0, len(rows), 4))  # each prompt 4 times in a row
+    later = [s for solved, _ in reward.batches[4:] for s in solved[::4]]
+    assert sum(later) / len(later) < 0.5
+    logs = _skip_logs(trainer)
+    skipped = [row["prompt_skip/skipped_in_batch"] for row in logs]
+    assert [16 - size for size in sizes] == [4 * n for n in skipped]  # each skip a whole generation group
+    assert logs[-1]["prompt_skip/skipped"] == sum(skipped) == trainer.features["prompt_skip"].skip.skipped > 0
+    generated = [row["prompt_skip/completion_tokens"] for row in logs]
+    assert logs[-1]["prompt_skip/completion_tokens_total"] == pytest.approx(sum(generated))
+    assert logs[-1]["prompt_skip/tokens_saved"] > 0
+    assert reward.eval_sizes and all(size == 16 for size in reward.eval_sizes)  # 4 prompts (2 solved) x 4
+    history = trainer.features["prompt_skip"].skip.history
+    solved_rows = torch.arange(16)[::2]
+    seen = history.last_step[solved_rows] != NEVER
+    assert (history.streak[solved_rows][seen] > 0).all() and (history.value[solved_rows][seen] == 1.0).all()
+
+
+def test_a_batch_that_would_skip_everything_keeps_one_prompt(tmp_path, tiny_model_dir):
+    """Every prompt solved, every keep probability at its floor: each batch after the first pass still generates for
+    the layout's quantum (one prompt here) and trains without error."""
+    trainer, reward = _train(tmp_path, tiny_model_dir, dataset=_half_solved(8, solved_every=1), prompt_skip=True,
+                             prompt_skip_initial_keep=1e-6, prompt_skip_min_keep=1e-6)  # fmt: skip
+    sizes = [len(rows) for _, rows in reward.batches]
+    assert sizes[:2] == [16, 16] and sizes[2:] == [4] * 6  # 8 prompts seen in 2 steps, then the floor
+    assert all(math.isfinite(row["loss"]) for row in trainer.state.log_history if "loss" in row)
+
+
+def test_with_refilling_batches_keep_their_size_and_trls_contract(tmp_path, tiny_model_dir):
+    """`prompt_skip_refill=True`: a skipped prompt is replaced by the next one of the draw, so every batch holds 4
+    prompts, later ones fewer solved than the 50% a uniform draw gives."""
+    trainer, reward = _train(tmp_path, tiny_model_dir, prompt_skip=True, prompt_skip_target=0.0,
+                             prompt_skip_refill=True)  # fmt: skip
     assert len(reward.batches) == 8
     for _, rows in reward.batches:
         assert len(rows) == 16
         assert all(len(set(rows[i : i + 4])) == 1 for i in range(0, 16, 4))  # each prompt 4 times in a row
     later = [s for solved, _ in reward.batches[4:] for s in solved[::4]]
     assert sum(later) / len(later) < 0.5
-    logs = [row for row in trainer.state.log_history if "prompt_skip/skipped" in row]
+    logs = _skip_logs(trainer)
     assert logs[-1]["prompt_skip/skipped"] == trainer.features["prompt_skip"].skip.skipped > 0
     assert logs[-1]["prompt_skip/tokens_saved"] > 0
     shares = [row["prompt_skip/uninformative_frac"] for row in logs]
@@ -146,17 +255,13 @@ def test_solved_prompts_are_skipped_once_seen_and_batches_keep_trls_contract(tmp
     # the target 0: the base falls by 0.02 from 0.5 after each batch with an uninformative group, else stays
     assert logs[-1]["prompt_skip/keep_base"] == pytest.approx(0.5 - 0.02 * sum(share > 0 for share in shares))
     assert sum(share > 0 for share in shares) >= 4
-    history = trainer.features["prompt_skip"].skip.history
-    solved_rows = torch.arange(16)[::2]
-    seen = history.last_step[solved_rows] != NEVER
-    assert (history.streak[solved_rows][seen] > 0).all() and (history.value[solved_rows][seen] == 1.0).all()
 
 
-def test_with_policy_groups_the_filter_acts_inside_each_groups_draw(tmp_path, tiny_model_dir):
+def test_with_refilling_and_policy_groups_the_filter_acts_inside_each_groups_draw(tmp_path, tiny_model_dir):
     """Two groups, solved and not, drawn alike (weights held at 1): the solved group's prompts are skipped once seen,
     its draws going on to its next prompts."""
     trainer, reward = _train(tmp_path, tiny_model_dir, prompt_skip=True, prompt_skip_target=0.0,
-                             policy_group_column="solved", policy_group_min_size=2,
+                             prompt_skip_refill=True, policy_group_column="solved", policy_group_min_size=2,
                              policy_group_sampling="weighted", policy_group_weight_rule="progress",
                              policy_group_update_steps=1000, remove_unused_columns=False)  # fmt: skip
     assert trainer.features["prompt_skip"].skip.skipped > 0
@@ -164,6 +269,83 @@ def test_with_policy_groups_the_filter_acts_inside_each_groups_draw(tmp_path, ti
     solved = [row["prompt_skip/True/uninformative_frac"] for row in trainer.state.log_history
               if "prompt_skip/True/uninformative_frac" in row]  # fmt: skip
     assert solved and all(share == 1.0 for share in solved)  # every completion of a solved prompt gets 1
+
+
+@pytest.mark.parametrize("first_visit", [True, False])
+def test_in_a_single_pass_the_policy_group_predicts_first_visits(tmp_path, tiny_model_dir, first_visit):
+    """64 prompts in two policy groups (solved or not), 32 drawn in 8 steps: no prompt comes back, so every skip is a
+    first visit's, predicted from its group's solved share once 8 of the group were seen. Off: nothing is skipped."""
+    trainer, reward = _train(tmp_path, tiny_model_dir, dataset=_half_solved(64), prompt_skip=True,
+                             prompt_skip_first_visit=first_visit, policy_group_column="solved",
+                             policy_group_sampling="uniform")  # fmt: skip
+    drawn = [row for _, rows in reward.batches for row in rows[::4]]
+    assert len(set(drawn)) == len(drawn)  # a single pass: every prompt generated for at most once
+    skipped = trainer.features["prompt_skip"].skip.skipped
+    if not first_visit:
+        assert skipped == 0
+        return
+    assert skipped > 0
+    later = [s for solved, _ in reward.batches[4:] for s in solved[::4]]
+    assert sum(later) / len(later) < 0.5  # the solved group's first visits skipped
+
+
+# Completions scripted from (prompt, copy, step) (tests/resume_check.ScriptedCompletions), so that a run generating
+# for fewer prompts gets the same completions for those it keeps. 8 problems, every other one solved; 4 prompts drawn
+# a step. With keep probabilities at 1e-6 a solved prompt is skipped from its second visit on; a learnable one never
+# (its generation groups are informative, or fail within the grace of 3 visits).
+UPDATE = {"scripted": True, "half_solved": True, "num_problems": 8, "max_steps": 6, "save_strategy": "no",
+          "per_device_train_batch_size": 16, "first_params": True}  # fmt: skip
+SKIP_SOLVED = {"prompt_skip": True, "prompt_skip_initial_keep": 1e-6, "prompt_skip_min_keep": 1e-6}
+
+
+def _same_update(stock: dict, skipping: dict, atol: float = 1e-6) -> None:
+    """The loss and gradient norm at every step, and the final parameters, of the two runs' records agree."""
+    rows = [[row for row in record["logs"] if "grad_norm" in row] for record in (stock, skipping)]
+    assert len(rows[0]) == len(rows[1]) > 0
+    for a, b in zip(*rows, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], abs=atol) and a["grad_norm"] == pytest.approx(b["grad_norm"])
+    moved = max((stock["params"][n] - stock["first_params"][n]).abs().max().item() for n in stock["params"])
+    assert moved > 1e-3  # the learnable prompts moved the weights
+    for name in stock["params"]:
+        assert_close(skipping["params"][name], stock["params"][name], atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [{}, {"loss_type": "grpo"}, {"loss_type": "bnpo"}, {"loss_type": "dr_grpo"},
+     {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2},
+     {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "loss_type": "grpo"},
+     {"num_iterations": 2, "max_steps": 8}],
+    ids=["dapo", "grpo", "bnpo", "dr_grpo", "grad_accum=2", "grpo,grad_accum=2", "num_iterations=2"],
+)  # fmt: skip
+def test_skipping_only_uninformative_groups_makes_stock_trls_update(tmp_path, tiny_model_dir, layout):
+    """A step that does not generate the solved prompts (every completion reward 1: advantage 0) makes the update of
+    one that does, trl_grpo_ext's with default settings (stock TRL's, test_equivalence), for each loss type's
+    normalizer and with the generation batch split into micro-batches or reused."""
+    config = {**UPDATE, **layout}
+    stock = run_phase(config, tiny_model_dir, str(tmp_path / "stock"))
+    skipping = run_phase({**config, **SKIP_SOLVED}, tiny_model_dir, str(tmp_path / "skip"))
+    skipped = [row["prompt_skip/skipped_in_batch"] for row in skipping["logs"] if "prompt_skip/skipped" in row]
+    assert sum(skipped) >= 4  # the solved prompts' later visits (2 steps draw all 8 problems once)
+    _same_update(stock, skipping)
+
+
+SKIP_2P = {**UPDATE, "per_device_train_batch_size": 8}
+
+
+@two_process("prompt_skip_update_stock", SKIP_2P)
+@two_process("prompt_skip_update", {**SKIP_2P, **SKIP_SOLVED})
+def test_on_two_processes_skipping_only_uninformative_groups_makes_stock_trls_update(two_process_runs):
+    """As above on two processes, which decide alike on the gathered draw and each generate for the same number of
+    prompts. Scenarios "prompt_skip_update_stock" and "prompt_skip_update" of the suite's shared two-process job
+    (tests/two_process.py)."""
+    stock = full_records(two_process_runs["prompt_skip_update_stock"])
+    skipping = full_records(two_process_runs["prompt_skip_update"])
+    for rank in (0, 1):
+        logs = skipping[rank]["logs"]
+        assert sum(row["prompt_skip/skipped_in_batch"] for row in logs if "prompt_skip/skipped" in row) >= 4
+        _same_update(stock[rank], skipping[rank])
+    assert_close(stock[0]["params"]["model.norm.weight"], stock[1]["params"]["model.norm.weight"])
 
 
 def test_a_config_asks_for_indexed_rows(tmp_path):
@@ -180,9 +362,20 @@ def test_resume_is_exact(tmp_path, tiny_model_dir):
     assert check_resume(SKIPPING, tmp_path, tiny_model_dir) == 0.0
 
 
+def test_resume_with_refilling_is_exact(tmp_path, tiny_model_dir):
+    assert check_resume({**SKIPPING, "prompt_skip_refill": True}, tmp_path, tiny_model_dir) == 0.0
+
+
 @two_process("prompt_skip", {**SKIPPING, "per_device_train_batch_size": 6}, resume_step=3)
 def test_two_processes_resume_exactly(two_process_runs):
     """Both ranks take their slices of one global draw and keep one history: the resumed 2-process run is the
     uninterrupted one on every rank. Scenario "prompt_skip" of the suite's shared two-process job
     (tests/two_process.py)."""
     assert resume_diff(two_process_runs["prompt_skip"], resume_step=3) == 0.0
+
+
+def test_an_iterable_dataset_is_refused_before_the_model_loads(tmp_path):
+    dataset = _half_solved(4).to_iterable_dataset()
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path), prompt_skip=True, remove_unused_columns=False)
+    with pytest.raises(ValueError, match="prompt_skip needs a map-style datasets.Dataset as train_dataset, got"):
+        GRPOTrainer("no-such/model-would-load", [_SeenPrompts()], args, dataset)

@@ -15,6 +15,11 @@ COLUMNS = (
     ("completions/mean_length", "length", "{:>7.1f}"),
     ("step_time", "step time (s)", "{:>13.3f}"),
 )
+# with prompt skipping, also the completion tokens generated for the step's generation batch and those left out so far
+SKIP_COLUMNS = (
+    ("prompt_skip/completion_tokens", "tokens", "{:>8.0f}"),
+    ("prompt_skip/tokens_saved", "skipped (total)", "{:>15.0f}"),
+)
 PLOT_NAME = "training_curves.png"
 GROUPS_PLOT_NAME = "policy_groups.png"
 HISTORY_NAME = "training_metrics.jsonl"
@@ -24,13 +29,16 @@ class MetricsTableCallback(TrainerCallback):
     """Print one table row per logged training step and, at the end, plot reward and entropy against the step.
 
     Rows come from the logs TRL's `GRPOTrainer` writes (`reward`, `reward_std`, `entropy` in nats per token,
-    `completions/mean_length` in tokens, `step_time` in seconds), so `logging_steps=1` gives a row per step. At the end
+    `completions/mean_length` in tokens, `step_time` in seconds), so `logging_steps=1` gives a row per step; with
+    prompt skipping also the completion tokens generated for the step (`prompt_skip/completion_tokens`) and those
+    left out so far (`prompt_skip/tokens_saved`, an estimate). At the end
     of training the main process writes `<output_dir>/training_metrics.jsonl` (one logged row a line, every value
     logged at that step: TRL's, this package's, the run doctor's) and `<output_dir>/training_curves.png`.
     """
 
     def __init__(self):
         self.rows: list[dict] = []
+        self.columns = COLUMNS  # the first row decides: with prompt skipping, SKIP_COLUMNS too
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
@@ -40,11 +48,12 @@ class MetricsTableCallback(TrainerCallback):
             return
         if "reward" not in logs and "loss" not in logs:  # an evaluation's row (a step on a buffered batch has a loss)
             return
-        row = {"step": state.global_step, **{key: logs.get(key) for key, _, _ in COLUMNS}, **logs}
         if not self.rows:
-            print(" ".join(["step".rjust(5), *(title.rjust(len(fmt.format(0.0))) for _, title, fmt in COLUMNS)]))
+            self.columns = COLUMNS + (SKIP_COLUMNS if SKIP_COLUMNS[0][0] in logs else ())
+            print(" ".join(["step".rjust(5), *(title.rjust(len(fmt.format(0.0))) for _, title, fmt in self.columns)]))
+        row = {"step": state.global_step, **{key: logs.get(key) for key, _, _ in self.columns}, **logs}
         self.rows.append(row)
-        cells = [_format(row[key], fmt) for key, _, fmt in COLUMNS]
+        cells = [_format(row[key], fmt) for key, _, fmt in self.columns]
         print(" ".join([str(row["step"]).rjust(5), *cells]), flush=True)
 
     def on_train_end(self, args, state, control, **kwargs):

@@ -10,6 +10,7 @@ from .entropy.modes import ENTROPY_REG_MODES
 from .field_checks import Range, check_declarations, check_field
 from .grad_reg import modes as grad_reg_modes
 from .grad_reg.modes import GRAD_REG_MODES
+from .prompt_skip.normalizer import NORMALIZERS
 
 POLICY_GROUP_FEATURES = ("tfidf", "embedding")
 POLICY_GROUP_WEIGHT_RULES = ("learnability", "progress", "deficit")
@@ -164,8 +165,10 @@ class GRPOConfig(TRLGRPOConfig):
         Generate only where there is something to learn (after GRESO, Zheng et al. 2025, arXiv:2506.02177): a prompt
         whose last z generation groups were uninformative (every completion the same reward, so every advantage 0)
         is skipped before generation with probability 1 − max(p^z, `prompt_skip_min_keep`), p a base keep
-        probability adapted every generation batch towards `prompt_skip_target`; the batch is filled with other
-        prompts (inside each policy group's draw when policy groups are on). `trl_grpo_ext.prompt_skip` says more.
+        probability adapted every generation batch towards `prompt_skip_target`. A skipped prompt is not generated
+        for and not replaced: the step trains on the completions it generated, and TRL's loss normalizes as if the
+        skipped ones were there with zero advantage, so an accurate skip leaves the update as it was.
+        `trl_grpo_ext.prompt_skip` says more.
 
         prompt_skip (`bool`, *optional*, defaults to `False`):
             Turn prompt skipping on. Needs a map-style training dataset (rows are indexed) and
@@ -184,6 +187,14 @@ class GRPOConfig(TRLGRPOConfig):
         prompt_skip_min_keep (`float`, *optional*, defaults to `0.05`):
             The lowest keep probability of any prompt (and the lowest p), so that a skipped prompt is generated for
             now and then: it may have become informative again.
+        prompt_skip_first_visit (`bool`, *optional*, defaults to `True`):
+            With policy groups, predict a prompt never generated for from its policy group: kept with probability
+            max(1 − s, `prompt_skip_min_keep`), s the share of the group's prompts seen so far whose last generation
+            group was solved (all completions at the best reward), once 8 of them were seen. Lets a run of less than
+            one epoch save too.
+        prompt_skip_refill (`bool`, *optional*, defaults to `False`):
+            Replace each skipped prompt by the next one of the draw (inside each policy group's draw when policy
+            groups are on), so the generation batch keeps its size: as many tokens a step as without skipping.
 
         > Parameters that control entropy regularization
 
@@ -418,6 +429,13 @@ class GRPOConfig(TRLGRPOConfig):
     prompt_skip_min_keep: float = field(
         default=0.05, metadata={"help": "Lowest keep probability of any prompt, so skipped ones come back."}
     )
+    prompt_skip_first_visit: bool = field(
+        default=True,
+        metadata={"help": "With policy groups, predict a prompt never generated for from its group's solved share."},
+    )
+    prompt_skip_refill: bool = field(
+        default=False, metadata={"help": "Replace each skipped prompt by another, keeping the batch's size."}
+    )
 
     entropy_reg: list[str] = field(
         default_factory=list,
@@ -589,6 +607,12 @@ class GRPOConfig(TRLGRPOConfig):
             raise ValueError(
                 "prompt_skip=True needs remove_unused_columns=False (got True): the trainer reads each row's index "
                 "from the dataset"
+            )
+        if self.prompt_skip and not self.prompt_skip_refill and self.loss_type not in NORMALIZERS:
+            raise ValueError(
+                f"prompt_skip=True cannot count the skipped completions in the normalizer of "
+                f"loss_type={self.loss_type!r} (it can for {', '.join(sorted(NORMALIZERS))}); set "
+                "prompt_skip_refill=True, which keeps the batch full"
             )
         if self.prompt_skip_initial_keep < self.prompt_skip_min_keep:
             raise ValueError(

@@ -91,7 +91,8 @@ def with_row_column(dataset, needed_by: str):
     Raises:
         ValueError: no dataset, an iterable dataset (rows must be indexed), or one that already has the column.
     """
-    if dataset is None or not hasattr(dataset, "add_column"):
+    # an IterableDataset has `add_column` too, but no length and no row to index
+    if dataset is None or not hasattr(dataset, "add_column") or not hasattr(dataset, "__len__"):
         raise ValueError(f"{needed_by} needs a map-style datasets.Dataset as train_dataset, got {type(dataset)}")
     if ROW_COLUMN in dataset.column_names:
         raise ValueError(f"the training dataset already has a column named {ROW_COLUMN!r}, which {needed_by} uses")

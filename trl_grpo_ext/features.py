@@ -11,6 +11,7 @@ tokens; TRL generates a generation batch once every `steps_per_generation` micro
     prompt_filter      whether a prompt drawn for the generation batch is kept (else the draw goes on)
     generation_batch   which prompts the generation batch holds (before generation): the first feature listed
                        there that draws the batch draws it, through the prompt filters
+    skip_prompts       the prompts taken out of the drawn generation batch before generation, not replaced
     generation         around each of TRL's `model.generate` calls
     rewards            the reward functions' scores of the generation batch, gathered over all processes
     advantages         TRL's output for the generation batch: advantages (B,), masks, log-probabilities
@@ -31,8 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-POINTS = ("prompt_filter", "generation_batch", "generation", "rewards", "advantages", "loss_start", "policy_logps",
-          "loss_end", "training_step", "training_step_end", "clip_gradients", "regroup", "checkpoint")  # fmt: skip
+POINTS = ("prompt_filter", "generation_batch", "skip_prompts", "generation", "rewards", "advantages", "loss_start",
+          "policy_logps", "loss_end", "training_step", "training_step_end", "clip_gradients", "regroup",
+          "checkpoint")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,11 @@ class Feature:
         each drawn row passed through `keep` (the prompt filters; None: there are none); None: this feature does not
         draw this batch."""
         return None
+
+    def skip_prompts(self, inputs: list[dict]) -> list[dict]:
+        """This process's rows of the drawn generation batch `inputs` (B rows) that are generated for: the same
+        number on every process, `num_generations` per prompt in a row over the processes."""
+        return inputs
 
     def generation(self, prompt_ids: list[list[int]]) -> AbstractContextManager:
         """A context entered around one of TRL's `model.generate` calls, for the batch's `prompt_ids`."""

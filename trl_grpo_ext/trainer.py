@@ -50,10 +50,12 @@ FEATURES = (PolicyGroups, PromptSkip, EntropyReg, GradReg, FastGenerationFeature
 # before entropy regularization marks the scored completions and shifts the advantages inside the loss; the entropy
 # terms are added to the loss after the policy groups and the adaptive KL have measured it.
 STEP = {
-    # a prompt whose recent generation groups were uninformative may be skipped before generation
+    # with refilling: a prompt whose recent generation groups were uninformative may be replaced in the draw
     "prompt_filter": ("prompt_skip",),
     # the first that draws the batch: per policy group, else (no groups, or their `uniform` order) uniformly
     "generation_batch": ("policy_groups", "prompt_skip"),
+    # without refilling: the prompts predicted uninformative taken out of the drawn batch
+    "skip_prompts": ("prompt_skip",),
     # timed (around all of it); static cache, compiled decode step, merged LoRA weights
     "generation": ("doctor", "fast_generation"),
     # rows and rewards noted; which completions some reward function scored
@@ -64,8 +66,9 @@ STEP = {
     "loss_start": ("entropy_reg", "grad_reg"),
     # entropies and log-probabilities noted; advantages shifted, Clip-Cov's tokens detached
     "policy_logps": ("policy_groups", "grad_reg", "entropy_reg"),
-    # each group's entropy and the KL measured; the entropy terms added to the loss
-    "loss_end": ("policy_groups", "grad_reg", "entropy_reg"),
+    # the loss normalized as if the skipped completions were there; each group's entropy and the KL measured; the
+    # entropy terms added to the loss (over the generated completions: not scaled for the skipped ones)
+    "loss_end": ("prompt_skip", "policy_groups", "grad_reg", "entropy_reg"),
     # DeepSpeed: its clip bound set from ZClip; the step times TRL has noted so far
     "training_step": ("grad_reg", "doctor"),
     # the generation and scoring time of the optimizer step noted, once TRL has noted its step time
@@ -102,8 +105,9 @@ class GRPOTrainer(TRLContact):
     index) to the training dataset, which reward functions receive among their keyword arguments.
 
     Prompt skipping (off unless `GRPOConfig.prompt_skip` is set; `trl_grpo_ext.prompt_skip`): prompts whose recent
-    generation groups were uninformative are skipped before generation (after GRESO, arXiv:2506.02177), and the
-    generation batch is filled with others; it adds the same `policy_group_row` column as policy grouping.
+    generation groups were uninformative are skipped before generation (after GRESO, arXiv:2506.02177) and not
+    replaced, TRL's loss normalized as if their completions were there with zero advantage; it adds the same
+    `policy_group_row` column as policy grouping.
 
     Entropy regularization (off unless `GRPOConfig.entropy_reg` names a mode; `trl_grpo_ext.entropy`): the modes of
     `entropy.modes.ENTROPY_REG_MODES` (target control of the mean token entropy, Clip-Cov, KL-Cov, an entropy-shaped
@@ -216,6 +220,8 @@ class GRPOTrainer(TRLContact):
             if drawn is not None:
                 inputs = drawn
                 break
+        for feature in self._acting("skip_prompts"):
+            inputs = feature.skip_prompts(inputs)
         output = super().hook_generate_and_score_completions(inputs)
         for feature in self._acting("advantages"):
             feature.advantages(output)

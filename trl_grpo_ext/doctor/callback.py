@@ -5,7 +5,7 @@ import time
 
 from transformers import TrainerCallback
 
-from .checks import CHECKS, Finding, diagnose
+from .checks import CHECKS, Finding, Run, diagnose, generation_accounting
 from .series import Columns, training_rows
 
 logger = logging.getLogger(__name__)
@@ -105,8 +105,10 @@ class DoctorCallback(TrainerCallback):
             f"; skipped {', '.join(self._skipped)} (a metric not logged, or too few steps)" if self._skipped else ""
         )
         elapsed = time.perf_counter() - self._start
+        generation = generation_accounting(Run(self.columns))
         logger.warning(
-            "run doctor: %s over %d logged steps%s (the checks took %.3f s, %.2f%% of the training time); "
+            "run doctor: %s over %d logged steps%s (the checks took %.3f s, %.2f%% of the training time); %s"
             "`trl-grpo-ext doctor %s` prints the report, why each skipped check was skipped, and the dashboard",
-            verdict, len(self.rows), skipped, self.seconds, 100 * self.seconds / max(elapsed, 1e-9), args.output_dir,
+            verdict, len(self.rows), skipped, self.seconds, 100 * self.seconds / max(elapsed, 1e-9),
+            f"{generation}; " if generation else "", args.output_dir,
         )  # fmt: skip

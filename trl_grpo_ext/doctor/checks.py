@@ -63,6 +63,7 @@ class Diagnosis:
     skipped: list[Skip] = field(default_factory=list)
     rows: int = 0
     last_step: int = 0
+    generation: str = ""  # what generation cost and what prompt skipping saved (`generation_accounting`), or ""
 
     def report(self) -> str:
         """The short report `trl-grpo-ext doctor` prints: findings first, then what was skipped and why."""
@@ -71,7 +72,7 @@ class Diagnosis:
             head += "no finding; every check that could run found the run healthy"
         else:
             head += f"{len(self.findings)} finding(s)"
-        lines = [head, *(finding.text() for finding in self.findings)]
+        lines = [head, *([self.generation] if self.generation else []), *(finding.text() for finding in self.findings)]
         if self.skipped:
             lines.append("skipped:")
             lines += [f"  {skip.check}: {skip.reason}" for skip in self.skipped]
@@ -160,7 +161,27 @@ def diagnose(
         else:
             diagnosis.findings += result
     diagnosis.findings.sort(key=lambda finding: finding.step)
+    diagnosis.generation = generation_accounting(run)
     return diagnosis
+
+
+def generation_accounting(run: Run) -> str:
+    """One line on the completion tokens the run generated and those prompt skipping left out (its running totals
+    `prompt_skip/completion_tokens_total`, `prompt_skip/tokens_saved` and `prompt_skip/skipped` at the last logged
+    step), or "" without prompt skipping."""
+    totals = {}
+    for key in ("prompt_skip/completion_tokens_total", "prompt_skip/tokens_saved", "prompt_skip/skipped"):
+        _, values = run.finite(key)
+        if not len(values):
+            return ""
+        totals[key] = float(values[-1])
+    generated, saved = totals["prompt_skip/completion_tokens_total"], totals["prompt_skip/tokens_saved"]
+    share = saved / (generated + saved) if generated + saved > 0 else 0.0
+    return (
+        f"generation: {generated:,.0f} completion tokens generated for training; prompt skipping left out "
+        f"{totals['prompt_skip/skipped']:,.0f} prompts, about {saved:,.0f} tokens ({share:.0%} of what generating "
+        "every drawn prompt would have cost)"
+    )
 
 
 def missing(name: str, key: str, why: str) -> Skip:

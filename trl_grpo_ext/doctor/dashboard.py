@@ -1,4 +1,4 @@
-"""One PNG of a GRPO run at a glance (`plot_dashboard`): eight panels of the logged metrics against the step, each
+"""One PNG of a GRPO run at a glance (`plot_dashboard`): nine panels of the logged metrics against the step, each
 finding of the run doctor marked on the panel of its metric."""
 
 import numpy as np
@@ -11,7 +11,7 @@ PANEL_OF = {"no_signal": "zero_std", "truncation": "clipped", "entropy_collapse"
             "entropy_explosion": "entropy", "kl_runaway": "kl", "format_only": "functions",
             "reward_plateau": "reward", "nonfinite": "grad_norm", "grad_spikes": "grad_norm",
             "generation_bound": "time", "memory": "time"}  # fmt: skip
-PANELS = ("reward", "functions", "entropy", "kl", "clipped", "zero_std", "time", "grad_norm")
+PANELS = ("reward", "functions", "entropy", "kl", "clipped", "zero_std", "time", "grad_norm", "tokens")
 
 
 def _plot(ax, run: Run, key, **kwargs) -> bool:
@@ -30,14 +30,15 @@ def plot_dashboard(rows: list[dict], diagnosis: Diagnosis, path: str, title: str
     mean within-group std), each reward function's mean (accuracy, format, ...), entropy (nats per token), KL to
     the reference (nats per token), the share of truncated completions and of PPO-clipped tokens, the share of
     generation groups without signal overall and per policy group, the step-time split (generation, scoring,
-    the rest: training), and the gradient norm. Each finding of `diagnosis` is a red dashed line at its step."""
+    the rest: training), the gradient norm, and (with prompt skipping) the completion tokens generated and left out
+    per generation batch. Each finding of `diagnosis` is a red dashed line at its step."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     run = Run(S.training_rows(rows))
-    fig, axes = plt.subplots(2, 4, figsize=(17, 7.5))
+    fig, axes = plt.subplots(3, 3, figsize=(15, 10.5))
     ax = dict(zip(PANELS, axes.flatten(), strict=True))
     _plot(ax["reward"], run, "reward", label="mean reward")
     steps, (reward, std) = run.aligned("reward", "reward_std")
@@ -67,6 +68,7 @@ def plot_dashboard(rows: list[dict], diagnosis: Diagnosis, path: str, title: str
     else:
         _empty(ax["grad_norm"], "grad_norm not logged")
     ax["grad_norm"].set(title="Gradient norm (before clipping)")
+    _plot_tokens(ax["tokens"], run)
     marked: dict[str, int] = {}
     for finding in diagnosis.findings:
         name = PANEL_OF.get(finding.check, "reward")
@@ -102,3 +104,16 @@ def _plot_time(ax, run: Run) -> None:
         return
     rest = np.maximum(total - generation - scoring, 0.0)
     ax.stackplot(steps, generation, scoring, rest, labels=["generation", "scoring", "training"], alpha=0.8)
+
+
+def _plot_tokens(ax, run: Run) -> None:
+    """Completion tokens per generation batch: generated (`prompt_skip/completion_tokens`) and left out by prompt
+    skipping (the step's increase of its running total `prompt_skip/tokens_saved`, an estimate)."""
+    ax.set(title="Completion tokens per generation batch", ylabel="tokens")
+    if not _plot(ax, run, "prompt_skip/completion_tokens", label="generated"):
+        _empty(ax, "logged with prompt_skip=True")
+        return
+    steps, saved = run.finite("prompt_skip/tokens_saved")
+    if len(steps):
+        label = "left out by skipping (since the last log)"
+        ax.plot(steps, np.diff(saved, prepend=0.0), marker="o", markersize=2, linewidth=1, label=label)

@@ -1,18 +1,27 @@
 """The trainer wiring of prompt skipping: `PromptSkip`, the feature the trainer calls at the points of a step that
 `trainer.STEP` lists for it.
 
-Before generation, every prompt a generation batch is drawn from passes through `prompt_filter`: kept with its keep
-probability (`skipping.keep_probability`), else skipped and replaced by the next prompt of the same draw, so the batch
-keeps its size and TRL's repeat contract (each prompt `num_generations` times in a row, the same global draw on every
-process, each taking its slice). With policy groups (and a sampling rule other than `uniform`) the filter acts inside
-each group's draw; otherwise this feature draws the batch itself, in a shuffled pass over the dataset as TRL's
-sampler does. After generation, the batch's rewards update each prompt's history and the base keep probability.
+By default (`prompt_skip_refill=False`) a skipped prompt is not replaced: TRL's sampler (or the policy groups) draws
+the generation batch as without skipping, and `skip_prompts` takes the skipped prompts out of it before generation,
+deciding on the whole draw (gathered over the processes, the same decisions everywhere). Each prompt is kept with its
+keep probability: from its history (`skipping.keep_probability`) when it was generated for before, else, with policy
+groups, from its group's solved share (`skipping.first_visit_keep`). Skipped prompts are put back until every process
+holds the same number of completions, a whole number of micro-batches each (`skipping.keep_for_layout`). After
+generation, TRL's loss is told about the skipped completions as if present with zero advantage (`normalizer`): their
+estimated tokens are added to `num_items_in_batch`, or the loss is scaled by a factor carried in the batch.
 
-The metrics (training, every generation batch): `prompt_skip/uninformative_frac` (the share of its generation groups
-whose completions all got the same reward, over the scored ones; per policy group as
-`prompt_skip/<group>/uninformative_frac`), `prompt_skip/keep_base`, `prompt_skip/skipped_in_batch`, and the running
-totals `prompt_skip/skipped` (prompts) and `prompt_skip/tokens_saved` (completion tokens not generated, each skip
-counted at its prompt's last mean completion length times `num_generations`).
+With `prompt_skip_refill=True` a skipped prompt is replaced by the next prompt of the same draw, so the batch keeps
+its size: every prompt drawn passes through `prompt_filter`, inside each policy group's draw with policy groups (and
+a sampling rule other than `uniform`), else in this feature's own shuffled pass over the dataset.
+
+After generation, the batch's rewards update each prompt's history and the base keep probability. The metrics
+(training, every generation batch): `prompt_skip/uninformative_frac` (the share of its generation groups whose
+completions all got the same reward, over the scored ones; per policy group as
+`prompt_skip/<group>/uninformative_frac`), `prompt_skip/keep_base`, `prompt_skip/skipped_in_batch`,
+`prompt_skip/completion_tokens` (the completion tokens generated for the batch, over all processes), and the running
+totals `prompt_skip/skipped` (prompts), `prompt_skip/completion_tokens_total` and `prompt_skip/tokens_saved`
+(completion tokens not generated: each skip counted at its prompt's last mean completion length times
+`num_generations`, or, for a prompt never generated for, at the batch's mean completion length).
 """
 
 import torch
@@ -20,8 +29,19 @@ import torch
 from ..dataset_checks import ROW_COLUMN
 from ..features import Feature, local_rows, prompts_per_draw, total_rewards
 from ..trl_contact import log_total, loss_mask, metrics
-from .skipping import adapt_base, keep_probability, skip_streak
+from .history import NEVER
+from .normalizer import normalizer_correction
+from .skipping import (
+    adapt_base,
+    keep_for_layout,
+    keep_probability,
+    layout_quantum,
+    prompt_keep_probability,
+    skip_streak,
+)
 from .state import PromptSkipState
+
+LOSS_SCALE = "prompt_skip_loss_scale"  # the batch entry (0-dim) TRL's loss is multiplied by, where one is needed
 
 
 class PromptSkip(Feature):
@@ -32,10 +52,13 @@ class PromptSkip(Feature):
     def __init__(self, trainer):
         super().__init__(trainer)
         args = trainer.args
+        self.refill = args.prompt_skip_refill
         self.skip = PromptSkipState(len(trainer.train_dataset), args.prompt_skip_initial_keep, args.seed)
         self._batch = None  # (gathered rewards per function (N, F), dataset rows (N,)) of this generation batch
-        self._decisions = None  # (the batch count it is for, its generator)
+        self._decisions = None  # refill: (the batch count it is for, its generator)
         self._skipped_in_batch = 0
+        self._skipped_rows = torch.empty(0, dtype=torch.long)  # no refill: the rows skipped from this batch's draw
+        self._drawn = 0  # no refill: the prompts of this batch's draw
 
     @classmethod
     def build(cls, trainer) -> "PromptSkip | None":
@@ -46,7 +69,18 @@ class PromptSkip(Feature):
 
     # -- before generation
 
+    def keep_probabilities(self, rows: torch.Tensor) -> torch.Tensor:
+        """(P,) float64 the keep probability of each dataset row of `rows` (P,): `skipping.prompt_keep_probability`."""
+        args, skip, groups = self.trainer.args, self.skip, self.trainer.policy_groups
+        first_visit = groups is not None and args.prompt_skip_first_visit
+        return prompt_keep_probability(
+            skip.history, rows, skip.base, skip.best_reward, args.prompt_skip_failing_grace, args.prompt_skip_min_keep,
+            (groups.assignment, len(groups.names)) if first_visit else None,
+        )  # fmt: skip
+
     def prompt_filter(self, row: int) -> bool:
+        if not self.refill:
+            return True
         skip = self.skip
         if self._decisions is None or self._decisions[0] != skip.batches:
             self._decisions = (skip.batches, skip.decision_generator())
@@ -64,13 +98,42 @@ class PromptSkip(Feature):
         return False
 
     def generation_batch(self, inputs: list[dict], keep) -> list[dict] | None:
-        """Without policy groups drawing the batch: the same global draw on every process, each taking its slice of
-        `len(inputs)` rows, every prompt repeated `num_generations` times (TRL's sampler's contract)."""
+        """With refilling and without policy groups drawing the batch: the same global draw on every process, each
+        taking its slice of `len(inputs)` rows, every prompt repeated `num_generations` times (TRL's sampler's
+        contract). Without refilling, TRL's sampler draws."""
         trainer = self.trainer
-        if not trainer.model.training:
+        if not self.refill or not trainer.model.training:
             return None
         rows = self.skip.draw_rows(prompts_per_draw(trainer, len(inputs)), keep)
         return local_rows(trainer, rows, len(inputs))
+
+    def skip_prompts(self, inputs: list[dict]) -> list[dict]:
+        """This process's rows of the generation batch without the skipped prompts (no refill; training only).
+
+        Raises:
+            RuntimeError: the drawn batch does not hold each prompt `num_generations` times in a row over the
+                processes (TRL's sampler's contract, which the layout relies on).
+        """
+        trainer = self.trainer
+        if self.refill or not trainer.model.training:
+            return inputs
+        accelerator, generations = trainer.accelerator, trainer.num_generations
+        local = torch.tensor([row[ROW_COLUMN] for row in inputs], device=accelerator.device)
+        rows = accelerator.gather(local).cpu().view(-1, generations)  # (P, G)
+        if not (rows == rows[:, :1]).all():
+            raise RuntimeError(
+                "prompt_skip: the generation batch does not hold each prompt num_generations "
+                f"({generations}) times in a row, as TRL's sampler lays it out; got rows {rows.flatten().tolist()}"
+            )
+        prompts = rows[:, 0]  # (P,)
+        probability = self.keep_probabilities(prompts)
+        draws = torch.rand(len(prompts), dtype=torch.float64, generator=self.skip.decision_generator())
+        quantum = layout_quantum(generations, accelerator.num_processes, trainer.args.steps_per_generation)
+        kept = keep_for_layout(draws < probability, probability, quantum)
+        self._skipped_rows, self._drawn = prompts[~kept], len(prompts)
+        self._skipped_in_batch = len(self._skipped_rows)
+        self.skip.skipped += self._skipped_in_batch
+        return local_rows(trainer, prompts[kept], int(kept.sum()) * generations // accelerator.num_processes)
 
     # -- after generation
 
@@ -88,8 +151,12 @@ class PromptSkip(Feature):
         rewards_per_func, rows = (t.cpu() for t in self._batch)  # (N, F), (N,)
         rewards = total_rewards(rewards_per_func, trainer.reward_weights).view(-1, generations)  # (P, G)
         lengths = trainer.accelerator.gather(loss_mask(output).sum(dim=1)).cpu().double()  # (N,) tokens
+        generated = float(lengths.sum())
         lengths[lengths == 0] = torch.nan  # masked as truncated: not a length TRL's loss saw
         prompt_rows = rows[::generations]  # (P,)
+        if not self.refill:
+            self._account_for_skipped(output, generated, torch.nan_to_num(lengths.nanmean(), nan=0.0))
+        skip.generated_tokens += generated
         if (~torch.isnan(rewards)).any():
             skip.best_reward = max(skip.best_reward, float(rewards[~torch.isnan(rewards)].max()))
         equal = skip.history.observe(prompt_rows, rewards, lengths.view(-1, generations), trainer.state.global_step)
@@ -104,8 +171,10 @@ class PromptSkip(Feature):
         train_metrics["prompt_skip/keep_base"].append(skip.base)
         train_metrics["prompt_skip/skipped_in_batch"].append(float(self._skipped_in_batch))
         self._skipped_in_batch = 0
+        train_metrics["prompt_skip/completion_tokens"].append(generated)
         log_total(trainer, "train", "prompt_skip/skipped", float(skip.skipped))
         log_total(trainer, "train", "prompt_skip/tokens_saved", skip.tokens_saved)
+        log_total(trainer, "train", "prompt_skip/completion_tokens_total", skip.generated_tokens)
         groups = trainer.policy_groups  # the policy groups' state, when they are on
         if groups is not None:
             ids = groups.assignment[prompt_rows]
@@ -114,3 +183,28 @@ class PromptSkip(Feature):
                 if members.any():
                     value = float(equal[members].double().mean())
                     train_metrics[f"prompt_skip/{name}/uninformative_frac"].append(value)
+
+    def _account_for_skipped(self, output: dict, generated: float, mean_length: torch.Tensor) -> None:
+        """Tell TRL's loss about this batch's skipped completions, as present with zero advantage (`normalizer`):
+        `generated` completion tokens over all processes; a skipped prompt's completions are estimated at its last
+        visit's mean length, or at `mean_length` (this batch's, tokens) for a prompt never generated for."""
+        trainer, history = self.trainer, self.skip.history
+        skipped = self._skipped_rows
+        seen = history.last_step[skipped] != NEVER
+        estimate = torch.where(seen, history.length[skipped].double(), mean_length.double())
+        skipped_tokens = float(estimate.sum()) * trainer.num_generations
+        self.skip.tokens_saved += skipped_tokens
+        kept = self._drawn - len(skipped)
+        extra, scale = normalizer_correction(trainer.args.loss_type, kept, self._drawn, generated, skipped_tokens)
+        if extra:
+            output["num_items_in_batch"] = output["num_items_in_batch"] + extra
+        if scale != 1.0:
+            output[LOSS_SCALE] = torch.tensor(scale, dtype=torch.float32, device=output["advantages"].device)
+
+    # -- TRL's loss
+
+    def loss_end(self, batch: dict, loss: torch.Tensor) -> torch.Tensor:
+        """TRL's loss over the generated completions, scaled (`normalizer`) where its normalizer is a mean over the
+        micro-batch's completions or tokens; unchanged otherwise (and in evaluation, never skipped)."""
+        scale = batch.get(LOSS_SCALE)
+        return loss if scale is None else loss * scale

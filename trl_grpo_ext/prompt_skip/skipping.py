@@ -1,4 +1,5 @@
-"""The keep probability of a prompt before generation, and the online adaptation of its base (pure functions).
+"""The keep probability of a prompt before generation, the online adaptation of its base, the prediction for a first
+visit from its policy group, and the generation batch's layout after skipping (pure functions).
 
 After GRESO (Zheng et al. 2025, arXiv:2506.02177, Sec. 4, "probabilistic pre-rollout filtering"): a prompt whose
 last z visits were all uninformative is kept (generated for) with probability p^z, p the base keep probability; a
@@ -13,7 +14,11 @@ completions of a hard but learnable prompt fail together), so its first `grace` 
 it is skipped on the streak z − grace. Ours, not GRESO's: GRESO treats both alike.
 """
 
+import math
+
 import torch
+
+from .history import NEVER
 
 
 def keep_probability(streak: torch.Tensor, base: float, floor: float) -> torch.Tensor:
@@ -43,3 +48,66 @@ def adapt_base(base: float, observed: float, target: float, step: float, low: fl
     elif observed < target:
         base += step
     return min(max(base, low), high)
+
+
+def solved_share(assignment: torch.Tensor, solved: torch.Tensor, seen: torch.Tensor, groups: int, least: int):
+    """(K,) float64 per policy group: the share of its prompts seen so far whose last visit was solved (all
+    completions at the best reward), NaN for a group with fewer than `least` prompts seen. `assignment` (R,) int64
+    group ids, `solved` and `seen` (R,) bool."""
+    seen_count = torch.bincount(assignment[seen], minlength=groups).double()
+    solved_count = torch.bincount(assignment[seen & solved], minlength=groups).double()
+    share = solved_count / seen_count.clamp(min=1)
+    return share.where(seen_count >= least, torch.full_like(share, torch.nan))
+
+
+def first_visit_keep(share: torch.Tensor, floor: float) -> torch.Tensor:
+    """The keep probability of a prompt never generated for, from its policy group's solved share s (any shape):
+    max(1 − s, floor), 1 where s is NaN (too few of the group seen). Skipping a share s of a group whose prompts are
+    solved with probability s leaves its informative prompts per generated token as they were, and moves the
+    generated tokens towards the groups with more to learn."""
+    keep = torch.clamp(1.0 - share.double(), min=floor)
+    return keep.where(~torch.isnan(share), torch.ones((), dtype=torch.float64))
+
+
+def layout_quantum(num_generations: int, num_processes: int, steps_per_generation: int) -> int:
+    """The fewest prompts a generation batch may hold, and the step its size moves by: q·G completions split evenly
+    over the processes and, on each, into `steps_per_generation` micro-batches (TRL's `split_tensor_dict` drops a
+    remainder), q = n·s / gcd(G, n·s)."""
+    slots = num_processes * steps_per_generation
+    return slots // math.gcd(num_generations, slots)
+
+
+def keep_for_layout(kept: torch.Tensor, probability: torch.Tensor, quantum: int) -> torch.Tensor:
+    """`kept` (P,) bool with skipped prompts put back until the count is a multiple of `quantum`, and at least one
+    quantum (the floor: a batch is never empty): those with the highest keep `probability` (P,) first, ties in draw
+    order. P is a multiple of `quantum` (TRL's generation batch is)."""
+    count = int(kept.sum())
+    wanted = min(max(-(-count // quantum) * quantum, quantum), len(kept))
+    if wanted == count:
+        return kept
+    # the skipped prompts, the most likely to be kept first
+    order = torch.argsort(torch.where(kept, torch.inf, -probability.double()), stable=True)
+    kept = kept.clone()
+    kept[order[: wanted - count]] = True
+    return kept
+
+
+FIRST_VISIT_LEAST_SEEN = 8  # prompts of a policy group seen before its solved share predicts a first visit
+
+
+def prompt_keep_probability(history, rows, base, best, grace, floor, groups=None, tol: float = 1e-6) -> torch.Tensor:
+    """(P,) float64 the keep probability of each dataset row of `rows` (P,), from the `history` (a `PromptHistory`):
+    max(`base`^z, `floor`) for the streak z of `skip_streak` (1 for a prompt never uninformative, or never seen).
+    With `groups` = (assignment (R,) int64 policy group ids, K groups), a prompt never generated for gets
+    `first_visit_keep` of its group's `solved_share` instead (`best`: the best reward seen; `grace`: a failing
+    prompt's visits that do not count)."""
+    streak = skip_streak(history.streak[rows], history.value[rows], best, grace)
+    keep = keep_probability(streak, base, floor)
+    first = history.last_step[rows] == NEVER
+    if groups is None or not first.any():
+        return keep
+    assignment, count = groups
+    seen = history.last_step != NEVER
+    solved = seen & (history.streak > 0) & (history.value.double() >= best - tol)
+    share = solved_share(assignment, solved, seen, count, FIRST_VISIT_LEAST_SEEN)
+    return torch.where(first, first_visit_keep(share[assignment[rows]], floor), keep)

@@ -27,6 +27,7 @@ class PromptSkipState:
         self.best_reward = -float("inf")  # the best completion reward seen: a prompt uninformative at it is solved
         self.skipped = 0  # prompts skipped since the start
         self.tokens_saved = 0.0  # completion tokens those skips did not generate (estimated from their last visit)
+        self.generated_tokens = 0.0  # completion tokens generated for training since the start
 
     @property
     def num_rows(self) -> int:
@@ -61,10 +62,12 @@ class PromptSkipState:
     def state_dict(self) -> dict:
         return {"history": self.history.state_dict(), "base": self.base, "batches": self.batches,
                 "passes": self.passes, "order": self.order.clone(), "skipped": self.skipped,
-                "tokens_saved": self.tokens_saved, "best_reward": self.best_reward}  # fmt: skip
+                "tokens_saved": self.tokens_saved, "best_reward": self.best_reward,
+                "generated_tokens": self.generated_tokens}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         self.history.load_state_dict(state["history"])
         self.base, self.batches, self.passes = state["base"], state["batches"], state["passes"]
         self.order, self.skipped, self.tokens_saved = state["order"].clone(), state["skipped"], state["tokens_saved"]
         self.best_reward = state["best_reward"]
+        self.generated_tokens = state.get("generated_tokens", 0.0)  # absent from checkpoints before it was counted
