@@ -82,8 +82,9 @@ def report(results: list[dict]) -> str:
     lines = []
     for family, (mixes, _) in FAMILIES.items():
         for mix, (groups, threshold) in mixes.items():
+            names = list(VARIANTS[family]) + sorted({r["variant"] for r in results} - set(VARIANTS[family]))
             rows = {v: sorted((r for r in results if r["mix"] == mix and r["variant"] == v), key=lambda r: r["seed"])
-                    for v in VARIANTS[family]}  # fmt: skip
+                    for v in names}  # fmt: skip
             if not rows["trl"] or not rows["skip"]:
                 continue
             figures = {v: [tokens_to(r, threshold) for r in rs] for v, rs in rows.items()}
@@ -118,7 +119,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     parser.add_argument("--mixes", nargs="+", help="only these mixes (of the families chosen)")
-    parser.add_argument("--variants", nargs="+", default=["trl", "skip", "oracle"])
+    parser.add_argument("--variants", nargs="*", default=["trl", "skip", "oracle"])
+    parser.add_argument("--add", nargs="*", default=[], metavar="NAME=JSON",
+                        help="more variants: `skip` with these settings on top (tuning runs)")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--max_steps", type=int, default=120)
     parser.add_argument("--workers", type=int, default=2)
@@ -134,6 +137,11 @@ def main() -> None:
     done = {(r["mix"], r["seed"], r["variant"]) for r in previous}
     from trl_grpo_ext.tiny_model import save_tiny_model
 
+    variants = {family: dict(by_name) for family, by_name in VARIANTS.items()}
+    for added in args.add:
+        name, _, text = added.partition("=")
+        for family in variants:
+            variants[family][name] = {**variants[family]["skip"], **json.loads(text)}
     results = list(previous)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(save_tiny_model(f"{tmp}/tiny"))
@@ -144,11 +152,11 @@ def main() -> None:
                 if args.mixes and mix not in args.mixes:
                     continue
                 for seed in args.seeds:
-                    for variant in args.variants:
+                    for variant in args.variants + [added.partition("=")[0] for added in args.add]:
                         if (mix, seed, variant) in done:
                             continue
                         jobs.append({"mix": mix, "spec": spec, "prompts": prompts, "seed": seed, "variant": variant,
-                                     "overrides": VARIANTS[family][variant], "max_steps": args.max_steps,
+                                     "overrides": variants[family][variant], "max_steps": args.max_steps,
                                      "model_dir": model_dir, "stop": False,
                                      "skip_oracle": variant == "oracle"})  # fmt: skip
         context = multiprocessing.get_context("spawn")

@@ -8,7 +8,9 @@ task-mix family of `policy_groups_learning.py` plus its GSM8K-like mix (easy, le
 Each run is `policy_groups_learning.run`: the tiny local model, 256 prompts, 16 completions a step, evaluation every
 4 steps on the learnable groups, stopped once their evaluation reward reaches the mix's threshold. Variants:
 `trl` (stock `trl.GRPOTrainer`), `groups` (`policy_group_column="task"`, the policy-group sampler alone), `skip`
-(`prompt_skip=True`, no policy groups) and `groups+skip` (both). The figures, per mix, median over seeds:
+(`prompt_skip=True`, no policy groups) and `groups+skip` (both), skipping with refilling (`prompt_skip_refill=True`,
+the design of issue #17; `prompt_skip_family.py` measures the default since #29, which does not refill). The
+figures, per mix, median over seeds:
 
 - the completion tokens generated until the threshold (a run that does not reach it within `--max_steps` counts as
   infinite) and its ratio to stock TRL's (target <= 0.6);
@@ -35,11 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from policy_groups_learning import MIXES, run  # noqa: E402
 
 EPOCH_STEPS = 64  # 256 prompts, 4 a step
+# the refilling design of issue #17 (`prompt_skip_refill=True` since #29; prompt_skip_family.py measures the default)
 VARIANTS = {
     "trl": None,
     "groups": {},
-    "skip": {"prompt_skip": True, "policy_group_column": None},
-    "groups+skip": {"prompt_skip": True},
+    "skip": {"prompt_skip": True, "prompt_skip_refill": True, "policy_group_column": None},
+    "groups+skip": {"prompt_skip": True, "prompt_skip_refill": True},
 }
 
 

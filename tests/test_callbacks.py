@@ -27,7 +27,7 @@ def test_table_rows_history_and_plot(tmp_path, capsys):
 
 def test_with_prompt_skipping_the_table_shows_the_tokens(tmp_path, capsys):
     callback = MetricsTableCallback()
-    args = SimpleNamespace(output_dir=str(tmp_path))
+    args = SimpleNamespace(output_dir=str(tmp_path), prompt_skip=True)
     state = SimpleNamespace(is_world_process_zero=True, global_step=1)
     logs = {"reward": 0.5, "reward_std": 0.1, "entropy": 2.0, "step_time": 0.5,
             "prompt_skip/completion_tokens": 480.0, "prompt_skip/tokens_saved": 160.0}  # fmt: skip

@@ -4,6 +4,7 @@ replaced), a step that skips only uninformative generation groups makes stock TR
 layout (one process and two), metrics are logged, evaluation is never skipped, and a resumed run continues exactly."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -27,6 +28,7 @@ from trl_grpo_ext.prompt_skip.skipping import (
     layout_quantum,
     skip_streak,
     solved_share,
+    static_cache_quantum,
 )
 from trl_grpo_ext.prompt_skip.state import PromptSkipState
 
@@ -140,6 +142,35 @@ def test_a_loss_type_whose_normalizer_is_unknown_is_refused_at_config_time(tmp_p
         normalizer_correction("bnpo", 1, 2, 1.0, 1.0)
 
 
+def test_with_a_static_cache_the_batch_takes_two_sizes_at_most():
+    assert static_cache_quantum(drawn=16, quantum=1) == 8  # 8 or 16 prompts: two caches, two compiled graphs
+    assert static_cache_quantum(drawn=6, quantum=2) == 6  # half (3) is no multiple of 2: no skipping at all
+    assert static_cache_quantum(drawn=1, quantum=1) == 1
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [({"scale_rewards": "batch"}, "scale_rewards='batch': the advantages are divided by the whole batch's reward std"),
+     ({"multi_objective_aggregation": "normalize_then_sum"},
+      "multi_objective_aggregation='normalize_then_sum': the advantages are normalized over the whole batch"),
+     ({"advantage_baseline": "policy_group", "policy_group_column": "task"},
+      "advantage_baseline='policy_group': a generation group whose rewards all agree has a nonzero advantage"),
+     ({"loss_type": "grpo", "entropy_coef": 0.01},
+      "loss_type='grpo' and TRL's entropy bonus (entropy_coef=0.01, use_adaptive_entropy=False)")],
+    ids=["batch scaling", "normalize_then_sum", "policy_group baseline", "grpo + entropy bonus"],
+)  # fmt: skip
+def test_settings_where_an_uninformative_group_moves_the_others_are_refused(tmp_path, settings, message):
+    """Without refilling, skipping must leave the other generation groups' advantages and the loss's extra terms as
+    they are; these settings do not, and the config says which and why (refilling takes any of them)."""
+    kwargs = small_grpo_kwargs(tmp_path, remove_unused_columns=False, **settings)
+    with pytest.raises(ValueError, match=re.escape(message)) as refused:
+        GRPOConfig(**kwargs, prompt_skip=True)
+    assert str(refused.value).endswith("set prompt_skip_refill=True, which keeps the batch full")
+    GRPOConfig(**kwargs, prompt_skip=True, prompt_skip_refill=True)
+    if "entropy_coef" in settings:  # dapo's normalizer takes the skipped tokens: the bonus is left as it is
+        GRPOConfig(**{**kwargs, "loss_type": "dapo"}, prompt_skip=True)
+
+
 def test_the_uniform_draw_passes_over_every_row_and_skips_what_the_filter_refuses():
     state = PromptSkipState(10, base=0.5, seed=3)
     first = state.draw_rows(10, keep=None)
@@ -186,7 +217,7 @@ class _SeenPrompts:
 
 def _train(tmp_path, model_dir, dataset=None, eval_dataset=None, **settings):
     reward = _SeenPrompts()
-    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=8, per_device_train_batch_size=16), **settings)
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, **{"max_steps": 8, "per_device_train_batch_size": 16, **settings}))
     trainer = GRPOTrainer(model_dir, [reward], args, dataset or _half_solved(), eval_dataset=eval_dataset)
     reward.trainer = trainer
     trainer.train()
@@ -287,6 +318,18 @@ def test_in_a_single_pass_the_policy_group_predicts_first_visits(tmp_path, tiny_
     assert skipped > 0
     later = [s for solved, _ in reward.batches[4:] for s in solved[::4]]
     assert sum(later) / len(later) < 0.5  # the solved group's first visits skipped
+
+
+def test_with_generation_compile_batches_hold_half_or_all_prompts(tmp_path, tiny_model_dir):
+    """The static cache is built, and the decode step compiled, once per batch size: with skipping a batch holds 2
+    or 4 of the 4 drawn prompts, and two caches serve the whole run (compiled with the CPU tests' backend,
+    tests/cpu_compile.py)."""
+    trainer, reward = _train(tmp_path, tiny_model_dir, dataset=_half_solved(8), prompt_skip=True, max_steps=4,
+                             prompt_skip_initial_keep=1e-6, prompt_skip_min_keep=1e-6,
+                             generation_compile=True)  # fmt: skip
+    sizes = [len(rows) for _, rows in reward.batches]
+    assert set(sizes) == {8, 16}  # some batches skip (the solved prompts' later visits), none below half
+    assert trainer.fast_generation.caches.built == 2
 
 
 # Completions scripted from (prompt, copy, step) (tests/resume_check.ScriptedCompletions), so that a run generating

@@ -16,6 +16,7 @@ COLUMNS = (
     ("step_time", "step time (s)", "{:>13.3f}"),
 )
 # with prompt skipping, also the completion tokens generated for the step's generation batch and those left out so far
+# (a row without a generation, such as a resumed run's first inside a generation cycle, shows "-")
 SKIP_COLUMNS = (
     ("prompt_skip/completion_tokens", "tokens", "{:>8.0f}"),
     ("prompt_skip/tokens_saved", "skipped (total)", "{:>15.0f}"),
@@ -38,7 +39,7 @@ class MetricsTableCallback(TrainerCallback):
 
     def __init__(self):
         self.rows: list[dict] = []
-        self.columns = COLUMNS  # the first row decides: with prompt skipping, SKIP_COLUMNS too
+        self.columns = COLUMNS  # with prompt skipping (`args.prompt_skip`), SKIP_COLUMNS too
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
@@ -49,7 +50,8 @@ class MetricsTableCallback(TrainerCallback):
         if "reward" not in logs and "loss" not in logs:  # an evaluation's row (a step on a buffered batch has a loss)
             return
         if not self.rows:
-            self.columns = COLUMNS + (SKIP_COLUMNS if SKIP_COLUMNS[0][0] in logs else ())
+            skipping = getattr(args, "prompt_skip", False)  # our GRPOConfig's field; TRL's config has none
+            self.columns = COLUMNS + (SKIP_COLUMNS if skipping else ())
             print(" ".join(["step".rjust(5), *(title.rjust(len(fmt.format(0.0))) for _, title, fmt in self.columns)]))
         row = {"step": state.global_step, **{key: logs.get(key) for key, _, _ in self.columns}, **logs}
         self.rows.append(row)

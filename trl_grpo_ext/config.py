@@ -10,7 +10,7 @@ from .entropy.modes import ENTROPY_REG_MODES
 from .field_checks import Range, check_declarations, check_field
 from .grad_reg import modes as grad_reg_modes
 from .grad_reg.modes import GRAD_REG_MODES
-from .prompt_skip.normalizer import NORMALIZERS
+from .prompt_skip.normalizer import no_refill_problem
 
 POLICY_GROUP_FEATURES = ("tfidf", "embedding")
 POLICY_GROUP_WEIGHT_RULES = ("learnability", "progress", "deficit")
@@ -608,12 +608,9 @@ class GRPOConfig(TRLGRPOConfig):
                 "prompt_skip=True needs remove_unused_columns=False (got True): the trainer reads each row's index "
                 "from the dataset"
             )
-        if self.prompt_skip and not self.prompt_skip_refill and self.loss_type not in NORMALIZERS:
-            raise ValueError(
-                f"prompt_skip=True cannot count the skipped completions in the normalizer of "
-                f"loss_type={self.loss_type!r} (it can for {', '.join(sorted(NORMALIZERS))}); set "
-                "prompt_skip_refill=True, which keeps the batch full"
-            )
+        problem = no_refill_problem(self) if self.prompt_skip and not self.prompt_skip_refill else None
+        if problem is not None:
+            raise ValueError(problem)
         if self.prompt_skip_initial_keep < self.prompt_skip_min_keep:
             raise ValueError(
                 f"need prompt_skip_min_keep ({self.prompt_skip_min_keep}) <= prompt_skip_initial_keep "

@@ -31,7 +31,7 @@ def plot_dashboard(rows: list[dict], diagnosis: Diagnosis, path: str, title: str
     the reference (nats per token), the share of truncated completions and of PPO-clipped tokens, the share of
     generation groups without signal overall and per policy group, the step-time split (generation, scoring,
     the rest: training), the gradient norm, and (with prompt skipping) the completion tokens generated and left out
-    per generation batch. Each finding of `diagnosis` is a red dashed line at its step."""
+    since the previous log. Each finding of `diagnosis` is a red dashed line at its step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -107,13 +107,15 @@ def _plot_time(ax, run: Run) -> None:
 
 
 def _plot_tokens(ax, run: Run) -> None:
-    """Completion tokens per generation batch: generated (`prompt_skip/completion_tokens`) and left out by prompt
-    skipping (the step's increase of its running total `prompt_skip/tokens_saved`, an estimate)."""
-    ax.set(title="Completion tokens per generation batch", ylabel="tokens")
-    if not _plot(ax, run, "prompt_skip/completion_tokens", label="generated"):
+    """Completion tokens since the previous logged step: generated (the increase of `prompt_skip/
+    completion_tokens_total`) and left out by prompt skipping (of `prompt_skip/tokens_saved`, an estimate)."""
+    ax.set(title="Completion tokens since the last log", ylabel="tokens")
+    drawn = False
+    for key, label in (("prompt_skip/completion_tokens_total", "generated"),
+                       ("prompt_skip/tokens_saved", "left out by prompt skipping")):  # fmt: skip
+        steps, totals = run.finite(key)
+        if len(steps):
+            ax.plot(steps, np.diff(totals, prepend=0.0), marker="o", markersize=2, linewidth=1, label=label)
+            drawn = True
+    if not drawn:
         _empty(ax, "logged with prompt_skip=True")
-        return
-    steps, saved = run.finite("prompt_skip/tokens_saved")
-    if len(steps):
-        label = "left out by skipping (since the last log)"
-        ax.plot(steps, np.diff(saved, prepend=0.0), marker="o", markersize=2, linewidth=1, label=label)

@@ -25,8 +25,8 @@ NO_SIGNAL_FIX = {
     "temperature{T}, and check the reward function on a correct answer written by hand",
     "all-correct": "the prompts are solved: train on harder ones, set prompt_skip=True to skip the prompts whose "
     "generation groups all agree, or stop the run here",
-    "mixed": "set prompt_skip=True (skips prompts whose generation groups all agree and fills the batch with others), "
-    "or raise num_generations{G}",
+    "mixed": "set prompt_skip=True (skips, before generation, the prompts whose generation groups all agree: fewer "
+    "tokens a step, the same update), or raise num_generations{G}",
     "constant": "every completion has had the same reward since the start: check that the reward functions can "
     "score differently (a parse that always fails, a constant)",
 }

@@ -18,10 +18,11 @@ After generation, the batch's rewards update each prompt's history and the base 
 (training, every generation batch): `prompt_skip/uninformative_frac` (the share of its generation groups whose
 completions all got the same reward, over the scored ones; per policy group as
 `prompt_skip/<group>/uninformative_frac`), `prompt_skip/keep_base`, `prompt_skip/skipped_in_batch`,
-`prompt_skip/completion_tokens` (the completion tokens generated for the batch, over all processes), and the running
-totals `prompt_skip/skipped` (prompts), `prompt_skip/completion_tokens_total` and `prompt_skip/tokens_saved`
-(completion tokens not generated: each skip counted at its prompt's last mean completion length times
-`num_generations`, or, for a prompt never generated for, at the batch's mean completion length).
+`prompt_skip/completion_tokens` (the completion tokens generated for the batch, over all processes, as TRL's
+`completions/mean_length` counts them), and the running totals `prompt_skip/skipped` (prompts),
+`prompt_skip/completion_tokens_total` and `prompt_skip/tokens_saved` (completion tokens not generated: each skip
+counted at its prompt's last mean completion length times `num_generations`, or, for a prompt never generated for,
+at the batch's mean completion length; lengths as TRL's loss counts them, a completion masked as truncated 0).
 """
 
 import torch
@@ -38,6 +39,7 @@ from .skipping import (
     layout_quantum,
     prompt_keep_probability,
     skip_streak,
+    static_cache_quantum,
 )
 from .state import PromptSkipState
 
@@ -129,6 +131,8 @@ class PromptSkip(Feature):
         probability = self.keep_probabilities(prompts)
         draws = torch.rand(len(prompts), dtype=torch.float64, generator=self.skip.decision_generator())
         quantum = layout_quantum(generations, accelerator.num_processes, trainer.args.steps_per_generation)
+        if trainer.args.generation_compile:  # a static cache and a compiled graph per batch size: two sizes at most
+            quantum = static_cache_quantum(len(prompts), quantum)
         kept = keep_for_layout(draws < probability, probability, quantum)
         self._skipped_rows, self._drawn = prompts[~kept], len(prompts)
         self._skipped_in_batch = len(self._skipped_rows)
@@ -150,12 +154,15 @@ class PromptSkip(Feature):
         skip, generations = self.skip, trainer.num_generations
         rewards_per_func, rows = (t.cpu() for t in self._batch)  # (N, F), (N,)
         rewards = total_rewards(rewards_per_func, trainer.reward_weights).view(-1, generations)  # (P, G)
-        lengths = trainer.accelerator.gather(loss_mask(output).sum(dim=1)).cpu().double()  # (N,) tokens
-        generated = float(lengths.sum())
+        lengths = trainer.accelerator.gather(loss_mask(output).sum(dim=1)).cpu().double()  # (N,) loss tokens
+        loss_tokens = float(lengths.sum())
         lengths[lengths == 0] = torch.nan  # masked as truncated: not a length TRL's loss saw
         prompt_rows = rows[::generations]  # (P,)
         if not self.refill:
-            self._account_for_skipped(output, generated, torch.nan_to_num(lengths.nanmean(), nan=0.0))
+            self._account_for_skipped(output, loss_tokens, torch.nan_to_num(lengths.nanmean(), nan=0.0))
+        train_metrics = metrics(trainer, "train")
+        # generated, truncated ones included: TRL's mean completion length of this batch (over all processes) times N
+        generated = train_metrics["completions/mean_length"][-1] * len(lengths)
         skip.generated_tokens += generated
         if (~torch.isnan(rewards)).any():
             skip.best_reward = max(skip.best_reward, float(rewards[~torch.isnan(rewards)].max()))
@@ -166,7 +173,6 @@ class PromptSkip(Feature):
         skip.base = adapt_base(skip.base, share, args.prompt_skip_target, args.prompt_skip_adapt_step,
                                args.prompt_skip_min_keep)  # fmt: skip
         skip.batches += 1
-        train_metrics = metrics(trainer, "train")
         train_metrics["prompt_skip/uninformative_frac"].append(share)
         train_metrics["prompt_skip/keep_base"].append(skip.base)
         train_metrics["prompt_skip/skipped_in_batch"].append(float(self._skipped_in_batch))
@@ -186,8 +192,9 @@ class PromptSkip(Feature):
 
     def _account_for_skipped(self, output: dict, generated: float, mean_length: torch.Tensor) -> None:
         """Tell TRL's loss about this batch's skipped completions, as present with zero advantage (`normalizer`):
-        `generated` completion tokens over all processes; a skipped prompt's completions are estimated at its last
-        visit's mean length, or at `mean_length` (this batch's, tokens) for a prompt never generated for."""
+        `generated` completion tokens its loss counts, over all processes; a skipped prompt's completions are
+        estimated at its last visit's mean length, or at `mean_length` (this batch's, tokens) for a prompt never
+        generated for (lengths in the loss's tokens: a completion masked as truncated counts 0)."""
         trainer, history = self.trainer, self.skip.history
         skipped = self._skipped_rows
         seen = history.last_step[skipped] != NEVER

@@ -16,6 +16,9 @@ whole draw, per `GRPOConfig.loss_type` (TRL's `_compute_loss`; `NORMALIZERS` map
 
 With β > 0 the KL term of a skipped completion, which would not be zero, is left out of the sum (the normalizer
 still counts it): the KL penalty acts as if the skipped completions had not moved from the reference.
+
+The premise, that an uninformative generation group has zero advantage and leaves the others' as they are, fails
+under some settings; `no_refill_problem` names them (the config refuses them without refilling).
 """
 
 # loss_type -> the normalizer TRL's `_compute_loss` divides its sum by
@@ -45,3 +48,33 @@ def normalizer_correction(
         f"prompt_skip cannot count the skipped completions in the normalizer of loss_type={loss_type!r} "
         f"(it can for {', '.join(sorted(NORMALIZERS))}); set prompt_skip_refill=True, which keeps the batch full"
     )
+
+
+def no_refill_problem(args) -> str | None:
+    """Why skipping without refilling cannot leave the update as it was under the `GRPOConfig` `args`, or None.
+
+    An all-equal generation group has zero advantage and does not move the others' only with per-prompt baselines
+    and per-group (or no) scaling; a loss scaled for the skipped completions would also scale TRL's entropy bonus,
+    which it adds inside the loss.
+    """
+    fix = "; set prompt_skip_refill=True, which keeps the batch full"
+    kind = NORMALIZERS.get(args.loss_type)
+    if kind is None:
+        return (f"prompt_skip=True cannot count the skipped completions in the normalizer of "
+                f"loss_type={args.loss_type!r} (it can for {', '.join(sorted(NORMALIZERS))}){fix}")  # fmt: skip
+    if args.scale_rewards == "batch":
+        return ("prompt_skip=True with scale_rewards='batch': the advantages are divided by the whole batch's reward "
+                f"std, which leaving out the uninformative generation groups would change{fix}")  # fmt: skip
+    if args.multi_objective_aggregation == "normalize_then_sum":
+        return ("prompt_skip=True with multi_objective_aggregation='normalize_then_sum': the advantages are "
+                f"normalized over the whole batch, which leaving out generation groups would change{fix}")  # fmt: skip
+    if args.advantage_baseline == "policy_group":
+        return ("prompt_skip=True with advantage_baseline='policy_group': a generation group whose rewards all "
+                "agree has a nonzero advantage against its policy group's mean, so it is not "
+                f"uninformative{fix}")  # fmt: skip
+    if kind != "tokens" and (args.entropy_coef != 0 or args.use_adaptive_entropy):
+        return (f"prompt_skip=True with loss_type={args.loss_type!r} and TRL's entropy bonus (entropy_coef="
+                f"{args.entropy_coef}, use_adaptive_entropy={args.use_adaptive_entropy}): the loss is scaled for the "
+                "skipped completions, and TRL adds the bonus inside it; use loss_type='dapo' (its normalizer takes "
+                f"the skipped tokens instead){fix}")  # fmt: skip
+    return None

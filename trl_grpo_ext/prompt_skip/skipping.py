@@ -77,6 +77,14 @@ def layout_quantum(num_generations: int, num_processes: int, steps_per_generatio
     return slots // math.gcd(num_generations, slots)
 
 
+def static_cache_quantum(drawn: int, quantum: int) -> int:
+    """The layout's quantum where generation uses a static KV cache (`generation_compile`), which is built, and the
+    decode step compiled, once per batch size: half of the `drawn` prompts when that is a multiple of `quantum`, else
+    all of them, so that a generation batch takes two sizes at most."""
+    half = drawn // 2
+    return half if half > 0 and half % quantum == 0 else drawn
+
+
 def keep_for_layout(kept: torch.Tensor, probability: torch.Tensor, quantum: int) -> torch.Tensor:
     """`kept` (P,) bool with skipped prompts put back until the count is a multiple of `quantum`, and at least one
     quantum (the floor: a batch is never empty): those with the highest keep `probability` (P,) first, ties in draw
