@@ -17,8 +17,9 @@ evaluated every 4 steps (8 prompts each, 4 completions), trained all `--max_step
 
 The figures, per mix, median over seeds: the completion tokens generated until the learnable groups' evaluation
 reward (mean of the last 2 evaluations) reaches the mix's threshold, and their ratio to stock TRL's (a run that does
-not reach it counts as infinite); the steps until then, and their ratio; the last evaluation reward (mean of the last
-3 evaluations); the share of the oracle's token saving that `skip` captures, (trl − skip) / (trl − oracle).
+not reach it counts as infinite); the steps until then, and their ratio; the completion tokens of all the run's steps
+(a fixed budget), and their ratio; the last evaluation reward (mean of the last 3 evaluations); the share of the
+oracle's token saving that `skip` captures, (trl − skip) / (trl − oracle).
 """
 
 import argparse
@@ -92,6 +93,7 @@ def report(results: list[dict]) -> str:
             median_steps = {v: _median([s if s is not None else float("inf") for s, _ in f])
                             for v, f in figures.items()}  # fmt: skip
             base = median_tokens["trl"]
+            run_tokens = {v: _median([sum(r["tokens_per_step"].values()) for r in rs]) for v, rs in rows.items()}
             lines.append(f"{family}/{mix} (uninformative {uninformative_share(groups):.0%}, threshold {threshold}, "
                          f"seeds {[r['seed'] for r in rows['trl']]}):")  # fmt: skip
             for v, rs in rows.items():
@@ -103,7 +105,8 @@ def report(results: list[dict]) -> str:
                 step_ratio = median_steps[v] / trl_steps if trl_steps != float("inf") else float("nan")
                 lines.append(
                     f"  {v:7s} tokens {median_tokens[v]:>8.0f} ({ratio:.2f}x), steps {median_steps[v]} "
-                    f"({step_ratio:.2f}x), reached {reached}/{len(rs)}, final reward "
+                    f"({step_ratio:.2f}x), reached {reached}/{len(rs)}, all steps' tokens {run_tokens[v]:.0f} "
+                    f"({run_tokens[v] / run_tokens['trl']:.2f}x), final reward "
                     f"{_median([final_reward(r) for r in rs]):.3f}, per seed tokens "
                     f"{[round(t) if t != float('inf') else None for _, t in figures[v]]}"
                 )
