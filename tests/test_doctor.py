@@ -358,8 +358,8 @@ def test_the_report_and_the_dashboard_account_for_skipped_prompts(tmp_path, caps
     rows = log(30, **{"prompt_skip/completion_tokens": 300.0}, **totals)
     line = diagnose(rows).generation
     assert line == (
-        "generation: 9,000 completion tokens generated for training; prompt skipping left out 30 prompts, "
-        "about 3,000 tokens (25% of what generating every drawn prompt would have cost)"
+        "generation: 9,000 completion tokens generated for training; prompt skipping skipped 30 prompts, "
+        "leaving out about 3,000 tokens (25% of what generating every drawn prompt would have cost)"
     )
     assert diagnose(log(30)).generation == ""
     (tmp_path / "training_metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))

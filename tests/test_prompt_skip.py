@@ -83,6 +83,18 @@ def test_a_failing_prompts_first_visits_do_not_count_a_solved_ones_do():
     assert skip_streak(streak, value, best=0.0, grace=3).tolist() == [2, 2, 5, 0]  # all at the best: solved
 
 
+def test_no_prompt_counts_as_solved_until_a_lower_reward_was_seen():
+    """A run whose completions all scored alike so far (all 0 at the start of a hard task) cannot tell solved prompts
+    from failing ones: every uninformative prompt gets the failing grace until a different reward is seen."""
+    state = PromptSkipState(4, base=0.5, seed=0)
+    state.best_reward = state.worst_reward = 0.0
+    assert state.solved_at() == float("inf")
+    assert skip_streak(torch.tensor([2]), torch.tensor([0.0]), state.solved_at(), grace=3).tolist() == [0]
+    state.best_reward = 1.0
+    assert state.solved_at() == 1.0
+    assert skip_streak(torch.tensor([2]), torch.tensor([1.0]), state.solved_at(), grace=3).tolist() == [2]
+
+
 def test_the_base_moves_towards_the_target_within_its_bounds():
     assert adapt_base(0.5, observed=0.4, target=0.25, step=0.02, low=0.05) == pytest.approx(0.48)  # skip more
     assert adapt_base(0.5, observed=0.1, target=0.25, step=0.02, low=0.05) == pytest.approx(0.52)  # skip less
@@ -258,10 +270,12 @@ def test_solved_prompts_are_skipped_once_seen_and_not_replaced(tmp_path, tiny_mo
 
 
 def test_a_batch_that_would_skip_everything_keeps_one_prompt(tmp_path, tiny_model_dir):
-    """Every prompt solved, every keep probability at its floor: each batch after the first pass still generates for
-    the layout's quantum (one prompt here) and trains without error."""
+    """Every prompt solved (reward 1 for every completion: with no lower reward seen, no prompt counts as solved, so
+    the failing grace is set to 0), every keep probability at its floor: each batch after the first pass still
+    generates for the layout's quantum (one prompt here) and trains without error."""
     trainer, reward = _train(tmp_path, tiny_model_dir, dataset=_half_solved(8, solved_every=1), prompt_skip=True,
-                             prompt_skip_initial_keep=1e-6, prompt_skip_min_keep=1e-6)  # fmt: skip
+                             prompt_skip_initial_keep=1e-6, prompt_skip_min_keep=1e-6,
+                             prompt_skip_failing_grace=0)  # fmt: skip
     sizes = [len(rows) for _, rows in reward.batches]
     assert sizes[:2] == [16, 16] and sizes[2:] == [4] * 6  # 8 prompts seen in 2 steps, then the floor
     assert all(math.isfinite(row["loss"]) for row in trainer.state.log_history if "loss" in row)
@@ -280,7 +294,7 @@ def test_with_refilling_batches_keep_their_size_and_trls_contract(tmp_path, tiny
     assert sum(later) / len(later) < 0.5
     logs = _skip_logs(trainer)
     assert logs[-1]["prompt_skip/skipped"] == trainer.features["prompt_skip"].skip.skipped > 0
-    assert logs[-1]["prompt_skip/tokens_saved"] > 0
+    assert logs[-1]["prompt_skip/tokens_saved"] == 0  # each skipped prompt was replaced: nothing saved
     shares = [row["prompt_skip/uninformative_frac"] for row in logs]
     assert all(0.0 <= share <= 1.0 for share in shares)
     # the target 0: the base falls by 0.02 from 0.5 after each batch with an uninformative group, else stays

@@ -178,9 +178,9 @@ def generation_accounting(run: Run) -> str:
     generated, saved = totals["prompt_skip/completion_tokens_total"], totals["prompt_skip/tokens_saved"]
     share = saved / (generated + saved) if generated + saved > 0 else 0.0
     return (
-        f"generation: {generated:,.0f} completion tokens generated for training; prompt skipping left out "
-        f"{totals['prompt_skip/skipped']:,.0f} prompts, about {saved:,.0f} tokens ({share:.0%} of what generating "
-        "every drawn prompt would have cost)"
+        f"generation: {generated:,.0f} completion tokens generated for training; prompt skipping skipped "
+        f"{totals['prompt_skip/skipped']:,.0f} prompts, leaving out about {saved:,.0f} tokens ({share:.0%} of what "
+        "generating every drawn prompt would have cost)"
     )
 
 

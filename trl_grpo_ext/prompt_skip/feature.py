@@ -20,9 +20,9 @@ completions all got the same reward, over the scored ones; per policy group as
 `prompt_skip/<group>/uninformative_frac`), `prompt_skip/keep_base`, `prompt_skip/skipped_in_batch`,
 `prompt_skip/completion_tokens` (the completion tokens generated for the batch, over all processes, as TRL's
 `completions/mean_length` counts them), and the running totals `prompt_skip/skipped` (prompts),
-`prompt_skip/completion_tokens_total` and `prompt_skip/tokens_saved` (completion tokens not generated: each skip
-counted at its prompt's last mean completion length times `num_generations`, or, for a prompt never generated for,
-at the batch's mean completion length; lengths as TRL's loss counts them, a completion masked as truncated 0).
+`prompt_skip/completion_tokens_total` and `prompt_skip/tokens_saved` (completion tokens not generated: each skipped
+prompt counted at `num_generations` times the batch's mean generated length; 0 with refilling, where a skipped
+prompt is replaced).
 """
 
 import torch
@@ -76,7 +76,7 @@ class PromptSkip(Feature):
         args, skip, groups = self.trainer.args, self.skip, self.trainer.policy_groups
         first_visit = groups is not None and args.prompt_skip_first_visit
         return prompt_keep_probability(
-            skip.history, rows, skip.base, skip.best_reward, args.prompt_skip_failing_grace, args.prompt_skip_min_keep,
+            skip.history, rows, skip.base, skip.solved_at(), args.prompt_skip_failing_grace, args.prompt_skip_min_keep,
             (groups.assignment, len(groups.names)) if first_visit else None,
         )  # fmt: skip
 
@@ -88,14 +88,13 @@ class PromptSkip(Feature):
             self._decisions = (skip.batches, skip.decision_generator())
         args = self.trainer.args
         history = skip.history
-        streak = skip_streak(history.streak[row], history.value[row], skip.best_reward, args.prompt_skip_failing_grace)
+        streak = skip_streak(history.streak[row], history.value[row], skip.solved_at(), args.prompt_skip_failing_grace)
         if streak == 0:
             return True
         probability = float(keep_probability(streak, skip.base, args.prompt_skip_min_keep))
         if float(torch.rand((), dtype=torch.float64, generator=self._decisions[1])) < probability:
             return True
-        skip.skipped += 1
-        skip.tokens_saved += float(skip.history.length[row]) * self.trainer.num_generations
+        skip.skipped += 1  # replaced by the next prompt of the draw: no token saved
         self._skipped_in_batch += 1
         return False
 
@@ -158,14 +157,18 @@ class PromptSkip(Feature):
         loss_tokens = float(lengths.sum())
         lengths[lengths == 0] = torch.nan  # masked as truncated: not a length TRL's loss saw
         prompt_rows = rows[::generations]  # (P,)
-        if not self.refill:
-            self._account_for_skipped(output, loss_tokens, torch.nan_to_num(lengths.nanmean(), nan=0.0))
         train_metrics = metrics(trainer, "train")
         # generated, truncated ones included: TRL's mean completion length of this batch (over all processes) times N
-        generated = train_metrics["completions/mean_length"][-1] * len(lengths)
+        mean_generated = train_metrics["completions/mean_length"][-1]
+        generated = mean_generated * len(lengths)
+        if not self.refill:
+            mean_loss_length = torch.nan_to_num(lengths.nanmean(), nan=0.0)
+            self._account_for_skipped(output, loss_tokens, mean_loss_length, mean_generated)
         skip.generated_tokens += generated
         if (~torch.isnan(rewards)).any():
-            skip.best_reward = max(skip.best_reward, float(rewards[~torch.isnan(rewards)].max()))
+            scored_rewards = rewards[~torch.isnan(rewards)]
+            skip.best_reward = max(skip.best_reward, float(scored_rewards.max()))
+            skip.worst_reward = min(skip.worst_reward, float(scored_rewards.min()))
         equal = skip.history.observe(prompt_rows, rewards, lengths.view(-1, generations), trainer.state.global_step)
         scored = ~torch.isnan(rewards).all(dim=1)
         share = float(equal[scored].double().mean()) if scored.any() else float("nan")
@@ -190,19 +193,23 @@ class PromptSkip(Feature):
                     value = float(equal[members].double().mean())
                     train_metrics[f"prompt_skip/{name}/uninformative_frac"].append(value)
 
-    def _account_for_skipped(self, output: dict, generated: float, mean_length: torch.Tensor) -> None:
+    def _account_for_skipped(self, output: dict, generated: float, mean_length, mean_generated: float) -> None:
         """Tell TRL's loss about this batch's skipped completions, as present with zero advantage (`normalizer`):
         `generated` completion tokens its loss counts, over all processes; a skipped prompt's completions are
         estimated at its last visit's mean length, or at `mean_length` (this batch's, tokens) for a prompt never
-        generated for (lengths in the loss's tokens: a completion masked as truncated counts 0)."""
+        generated for (lengths in the loss's tokens: a completion masked as truncated counts 0). The tokens saved
+        are counted at `mean_generated`, this batch's mean generated length (truncated completions included)."""
         trainer, history = self.trainer, self.skip.history
+        if self._drawn == 0:  # no draw was decided on for this batch (`skip_prompts` runs before every generation)
+            return
         skipped = self._skipped_rows
         seen = history.last_step[skipped] != NEVER
         estimate = torch.where(seen, history.length[skipped].double(), mean_length.double())
         skipped_tokens = float(estimate.sum()) * trainer.num_generations
-        self.skip.tokens_saved += skipped_tokens
-        kept = self._drawn - len(skipped)
-        extra, scale = normalizer_correction(trainer.args.loss_type, kept, self._drawn, generated, skipped_tokens)
+        self.skip.tokens_saved += len(skipped) * trainer.num_generations * mean_generated
+        kept, drawn = self._drawn - len(skipped), self._drawn
+        self._drawn = 0  # used: the next batch is corrected only once its own draw was decided on
+        extra, scale = normalizer_correction(trainer.args.loss_type, kept, drawn, generated, skipped_tokens)
         if extra:
             output["num_items_in_batch"] = output["num_items_in_batch"] + extra
         if scale != 1.0:

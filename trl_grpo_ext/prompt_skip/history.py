@@ -10,7 +10,8 @@ NEVER = -1  # `last_step` of a prompt never generated for
 
 def uninformative(rewards: torch.Tensor, tol: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Which generation groups gave GRPO nothing to learn from: every scored completion got the same reward, so
-    every advantage is zero (TRL's `frac_reward_zero_std` counts the same groups).
+    every advantage is zero (TRL's `frac_reward_zero_std` counts them too, over every group: a group none of whose
+    completions was scored is left out here).
 
     Args:
         rewards: (P, G) total rewards, NaN where no reward function scored the completion.

@@ -61,7 +61,8 @@ def no_refill_problem(args) -> str | None:
     kind = NORMALIZERS.get(args.loss_type)
     if kind is None:
         return (f"prompt_skip=True cannot count the skipped completions in the normalizer of "
-                f"loss_type={args.loss_type!r} (it can for {', '.join(sorted(NORMALIZERS))}){fix}")  # fmt: skip
+                f"loss_type={args.loss_type!r} (it can for {', '.join(sorted(NORMALIZERS))}){fix}, if TRL knows "
+                "that loss type")  # fmt: skip
     if args.scale_rewards == "batch":
         return ("prompt_skip=True with scale_rewards='batch': the advantages are divided by the whole batch's reward "
                 f"std, which leaving out the uninformative generation groups would change{fix}")  # fmt: skip

@@ -25,9 +25,16 @@ class PromptSkipState:
         self.passes = 0  # uniform passes over the dataset begun (no policy groups)
         self.order = torch.empty(0, dtype=torch.long)  # the rest of the current pass
         self.best_reward = -float("inf")  # the best completion reward seen: a prompt uninformative at it is solved
+        self.worst_reward = float("inf")  # the worst seen: until a better one is, no prompt counts as solved
         self.skipped = 0  # prompts skipped since the start
-        self.tokens_saved = 0.0  # completion tokens those skips did not generate (estimated from their last visit)
+        self.tokens_saved = 0.0  # completion tokens those skips did not generate (at each batch's mean length)
         self.generated_tokens = 0.0  # completion tokens generated for training since the start
+
+    def solved_at(self, tol: float = 1e-6) -> float:
+        """The reward at which an uninformative prompt counts as solved: the best seen, once a reward below it was
+        also seen; +inf before (a run whose completions have all scored alike, say all 0 at the start of a hard task,
+        cannot tell solved prompts from failing ones: they all get the failing grace)."""
+        return self.best_reward if self.best_reward > self.worst_reward + tol else float("inf")
 
     @property
     def num_rows(self) -> int:
@@ -63,11 +70,13 @@ class PromptSkipState:
         return {"history": self.history.state_dict(), "base": self.base, "batches": self.batches,
                 "passes": self.passes, "order": self.order.clone(), "skipped": self.skipped,
                 "tokens_saved": self.tokens_saved, "best_reward": self.best_reward,
-                "generated_tokens": self.generated_tokens}  # fmt: skip
+                "worst_reward": self.worst_reward, "generated_tokens": self.generated_tokens}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         self.history.load_state_dict(state["history"])
         self.base, self.batches, self.passes = state["base"], state["batches"], state["passes"]
         self.order, self.skipped, self.tokens_saved = state["order"].clone(), state["skipped"], state["tokens_saved"]
         self.best_reward = state["best_reward"]
-        self.generated_tokens = state.get("generated_tokens", 0.0)  # absent from checkpoints before it was counted
+        # absent from checkpoints written before they were kept
+        self.generated_tokens = state.get("generated_tokens", 0.0)
+        self.worst_reward = state.get("worst_reward", -float("inf"))  # as before: the best reward alone decided
