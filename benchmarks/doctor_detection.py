@@ -72,6 +72,7 @@ def synthetic_log(failure: str | None, seed: int, steps: int = 150, every: int =
     step_time = 30 + rng.normal(0, 2, steps)
     generation = 0.7 * step_time
     peak = np.minimum.accumulate(np.full(steps, 14.0)) + 0.1 * np.arange(steps) / steps
+    length = 150 + rng.normal(0, 10, steps)
     group_frac = {name: np.clip(0.3 + rng.normal(0, 0.08, steps), 0, 1) for name in ("easy", "medium", "hard")}
     group_reward = {"easy": 0.8 + 0.1 * accuracy, "medium": accuracy, "hard": accuracy / 2}
     if failure == "no_signal":  # all-wrong: nothing solved from the start
@@ -106,6 +107,9 @@ def synthetic_log(failure: str | None, seed: int, steps: int = 150, every: int =
         generation = 0.95 * step_time
     elif failure == "memory":
         peak = np.where(late, 23.4, peak)
+    elif failure == "collapse":  # a learning rate that wrecks the model: empty answers, nothing right
+        length = np.where(late, np.abs(rng.normal(0.3, 0.2, steps)), length)
+        accuracy = np.where(late, 0.0, accuracy)
     reward = accuracy + format_
     rows = []
     for i in range(every - 1, steps, every):
@@ -116,7 +120,8 @@ def synthetic_log(failure: str | None, seed: int, steps: int = 150, every: int =
                "rewards/accuracy_reward/mean": float(accuracy[window].mean()),
                "rewards/format_reward/mean": float(format_[window].mean()),
                "entropy": float(entropy[window].mean()), "completions/clipped_ratio": float(clipped[window].mean()),
-               "completions/max_length": 512.0, "step_time": float(step_time[window].mean()),
+               "completions/max_length": 512.0, "completions/mean_length": float(length[window].mean()),
+               "step_time": float(step_time[window].mean()),
                "timing/generation": float(generation[window].mean()), "timing/scoring": 2.0,
                "memory/peak_reserved_gib": float(peak[i]), "memory/total_gib": 24.0}  # fmt: skip
         if beta:
@@ -129,8 +134,8 @@ def synthetic_log(failure: str | None, seed: int, steps: int = 150, every: int =
     return rows
 
 
-FAILURES = ("no_signal", GROUP, "truncation", "entropy_collapse", "entropy_explosion", "kl_runaway", "format_only",
-            "reward_plateau", "nonfinite", "grad_spikes", "generation_bound", "memory")  # fmt: skip
+FAILURES = ("no_signal", GROUP, "collapse", "truncation", "entropy_collapse", "entropy_explosion", "kl_runaway",
+            "format_only", "reward_plateau", "nonfinite", "grad_spikes", "generation_bound", "memory")  # fmt: skip
 
 
 def synthetic_set() -> list[dict]:
@@ -248,7 +253,7 @@ def score(logs: list[dict]) -> tuple[str, dict]:
     per_log, kinds = [], {kind: {"labelled": 0, "detected": 0} for kind in FAILURES}
     false_alarms = []
     for log in logs:
-        diagnosis = diagnose(log["rows"])
+        diagnosis = diagnose(log["rows"], ended=True)  # each log is a whole run, as `trl-grpo-ext doctor` reads it
         found = sorted({kind_of(f) for f in diagnosis.findings})
         for kind in log["labels"]:
             kinds[kind]["labelled"] += 1

@@ -174,7 +174,7 @@ def run(job: dict) -> dict:
                               train_dataset=train, eval_dataset=evaluation)  # fmt: skip
         trainer.remove_callback(PrinterCallback)
         if job.get("skip_oracle"):  # prompt skipping told which prompts give all-equal rewards (prompt_skip_family.py)
-            skip_oracle(trainer, train, (spec or MIXES[mix])[0])
+            skip_oracle(trainer, train, (spec or MIXES[mix])[0], job["skip_oracle"])
         if job.get("stop", True):  # `stop=False`: train all `max_steps` (final rewards, not only steps to threshold)
             trainer.add_callback(StopAtThreshold(reward, learnable, threshold))
         reward.trainer = trainer
@@ -205,14 +205,22 @@ def run(job: dict) -> dict:
 ALL_EQUAL_TASKS = {"solved", "hopeless", "constant"}
 
 
-def skip_oracle(trainer, train, groups: dict) -> None:
+def skip_oracle(trainer, train, groups: dict, kind="never") -> None:
     """Make the trainer's prompt skipping an oracle: a prompt of an `ALL_EQUAL_TASKS` group is never generated for
-    (but for the layout's floor), every other one always; the loss normalized as for any skip."""
+    (but for the layout's floor), every other one always; the loss normalized as for any skip. `kind="history"`:
+    the bound of a rule that reads only each prompt's history, an uninformative prompt generated for on its first
+    visit and never after."""
     import torch
+
+    from trl_grpo_ext.prompt_skip.history import NEVER
 
     uninformative = torch.tensor([groups[task][0] in ALL_EQUAL_TASKS for task in train["task"]])
     feature = trainer.features["prompt_skip"]
-    feature.keep_probabilities = lambda rows: (~uninformative[rows]).double()
+    if kind == "history":
+        history = feature.skip.history
+        feature.keep_probabilities = lambda rows: (~uninformative[rows] | (history.last_step[rows] == NEVER)).double()
+    else:
+        feature.keep_probabilities = lambda rows: (~uninformative[rows]).double()
 
 
 class StopAtThreshold(TrainerCallback):

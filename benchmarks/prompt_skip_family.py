@@ -12,14 +12,18 @@ evaluated every 4 steps (8 prompts each, 4 completions), trained all `--max_step
 - `skip`: `prompt_skip=True` as the README shows it, no other setting; in the single-pass family with
   `policy_group_column="task"`, `policy_group_sampling="uniform"` and `policy_group_loss_weighting=False`, so that
   the difficulty groups predict first visits while TRL's sampler draws and the loss weighs as stock TRL's do;
+- `hopeless`: `skip` with `prompt_skip_hopeless=True` (failing prompts never informative skipped at a measured rate);
 - `oracle`: the no-refill oracle, prompt skipping told which prompts can only give all-equal rewards (the `solved`,
-  `hopeless` and `constant` tasks: never generated for, but for the layout's floor), the loss normalized as `skip`'s.
+  `hopeless` and `constant` tasks: never generated for, but for the layout's floor), the loss normalized as `skip`'s;
+- `oracle_history`: the bound of a rule that reads only each prompt's own history: the same prompts generated for on
+  their first visit, never after.
 
 The figures, per mix, median over seeds: the completion tokens generated until the learnable groups' evaluation
 reward (mean of the last 2 evaluations) reaches the mix's threshold, and their ratio to stock TRL's (a run that does
 not reach it counts as infinite); the steps until then, and their ratio; the completion tokens of all the run's steps
 (a fixed budget), and their ratio; the last evaluation reward (mean of the last 3 evaluations); the share of the
-oracle's token saving that `skip` captures, (trl − skip) / (trl − oracle).
+oracle's token saving that `skip` and `hopeless` capture, (trl − skip) / (trl − oracle), and of the history
+bound's.
 """
 
 import argparse
@@ -52,11 +56,19 @@ SINGLE_PASS = {  # 1024 prompts: 120 steps draw 480 of them, none twice
 FAMILIES = {"multi_epoch": (MULTI_EPOCH, 48), "single_pass": (SINGLE_PASS, 1024)}
 VARIANTS = {
     "multi_epoch": {"trl": None, "skip": {"prompt_skip": True, "policy_group_column": None},
-                    "oracle": {"prompt_skip": True, "policy_group_column": None}},
+                    "hopeless": {"prompt_skip": True, "prompt_skip_hopeless": True, "policy_group_column": None},
+                    "oracle": {"prompt_skip": True, "policy_group_column": None},
+                    "oracle_history": {"prompt_skip": True, "policy_group_column": None}},
     "single_pass": {"trl": None, "skip": {"prompt_skip": True, "policy_group_sampling": "uniform",
                                           "policy_group_loss_weighting": False},
-                    "oracle": {"prompt_skip": True, "policy_group_column": None}},
+                    "hopeless": {"prompt_skip": True, "prompt_skip_hopeless": True, "policy_group_sampling": "uniform",
+                                 "policy_group_loss_weighting": False},
+                    "oracle": {"prompt_skip": True, "policy_group_column": None},
+                    "oracle_history": {"prompt_skip": True, "policy_group_column": None}},
 }  # fmt: skip
+
+
+ORACLES = {"oracle": "never", "oracle_history": "history"}  # variant -> `policy_groups_learning.skip_oracle`'s kind
 
 
 def uninformative_share(groups: dict) -> float:
@@ -110,11 +122,16 @@ def report(results: list[dict]) -> str:
                     f"{_median([final_reward(r) for r in rs]):.3f}, per seed tokens "
                     f"{[round(t) if t != float('inf') else None for _, t in figures[v]]}"
                 )
-            if rows["oracle"]:
-                saving = base - median_tokens["oracle"]
-                captured = (base - median_tokens["skip"]) / saving if saving > 0 and base != float("inf") else None
-                lines.append(f"  share of the oracle's saving captured: "
-                             f"{'n/a' if captured is None else f'{captured:.0%}'}")  # fmt: skip
+            for bound in ("oracle", "oracle_history"):
+                if not rows.get(bound):
+                    continue
+                saving = base - median_tokens[bound]
+                shares = []
+                for rule in ("skip", "hopeless"):
+                    if rows.get(rule):
+                        captured = (base - median_tokens[rule]) / saving if 0 < saving < float("inf") else None
+                        shares.append(f"{rule} {'n/a' if captured is None else f'{captured:.0%}'}")
+                lines.append(f"  share of {bound}'s saving captured: {', '.join(shares)}")
     return "\n".join(lines)
 
 
@@ -122,7 +139,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     parser.add_argument("--mixes", nargs="+", help="only these mixes (of the families chosen)")
-    parser.add_argument("--variants", nargs="*", default=["trl", "skip", "oracle"])
+    parser.add_argument("--variants", nargs="*", default=["trl", "skip", "hopeless", "oracle", "oracle_history"])
     parser.add_argument("--add", nargs="*", default=[], metavar="NAME=JSON",
                         help="more variants: `skip` with these settings on top (tuning runs)")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
@@ -161,7 +178,7 @@ def main() -> None:
                         jobs.append({"mix": mix, "spec": spec, "prompts": prompts, "seed": seed, "variant": variant,
                                      "overrides": variants[family][variant], "max_steps": args.max_steps,
                                      "model_dir": model_dir, "stop": False,
-                                     "skip_oracle": variant == "oracle"})  # fmt: skip
+                                     "skip_oracle": ORACLES.get(variant)})  # fmt: skip
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=args.workers, mp_context=context) as pool:
             for result in pool.map(run, jobs):

@@ -29,7 +29,13 @@ from dataclasses import dataclass, field
 from transformers import HfArgumentParser, set_seed
 
 from trl_grpo_ext.gsm8k.data import load_gsm8k
-from trl_grpo_ext.gsm8k.evaluation import evaluate_gsm8k, format_table, load_model_for_eval, write_results
+from trl_grpo_ext.gsm8k.evaluation import (
+    collapse_warning,
+    evaluate_gsm8k,
+    format_table,
+    load_model_for_eval,
+    write_results,
+)
 
 
 @dataclass
@@ -70,6 +76,9 @@ def main(args: EvalArguments) -> dict:
     path = write_results(results, os.path.dirname(output_file) or ".", os.path.basename(output_file))
     print(format_table(results))
     print(f"Saved {path}")
+    warning = collapse_warning(results)
+    if warning:
+        print(warning)
     return results
 
 

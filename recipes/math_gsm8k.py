@@ -39,7 +39,7 @@ from trl_grpo_ext.callbacks import MetricsTableCallback
 from trl_grpo_ext.consumer_gpu import presets
 from trl_grpo_ext.generation.checks import model_setting_problem
 from trl_grpo_ext.gsm8k.data import load_gsm8k, synthetic_gsm8k, to_grpo_rows
-from trl_grpo_ext.gsm8k.evaluation import evaluate_gsm8k, format_table, write_results
+from trl_grpo_ext.gsm8k.evaluation import collapse_warning, evaluate_gsm8k, format_table, write_results
 from trl_grpo_ext.gsm8k.rewards import REWARD_FUNCS
 from trl_grpo_ext.requirements import check_optional_dependencies, deepspeed_requested
 from trl_grpo_ext.tiny_model import save_tiny_model
@@ -69,7 +69,8 @@ class GSM8KScriptArguments:
     tiny_model: bool = field(
         default=False,
         metadata={
-            "help": "Build a tiny random-init Qwen2 model in <output_dir>/tiny-model and train it (no download)."
+            "help": "Build a tiny random-init Qwen2 model in <output_dir>/tiny-model and train it (no download); "
+            "a model named with model_name_or_path is trained instead."
         },
     )
 
@@ -82,6 +83,25 @@ class GSM8KScriptArguments:
             raise ValueError(f"synthetic_problems must be >= 0, got {self.synthetic_problems}")
         if self.eval_batch_size < 1:
             raise ValueError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
+
+
+# the highest learning rate GRPO usually trains a pretrained model with: full fine-tuning, LoRA (TRL's GRPO examples
+# and the Open-R1 / DeepSeekMath recipes use 1e-6 to 3e-6 in full and 1e-5 to 2e-4 with LoRA)
+PRETRAINED_LEARNING_RATE = {False: 1e-5, True: 2e-4}
+
+
+def pretrained_learning_rate_warning(learning_rate: float, lora: bool) -> str | None:
+    """One line when `learning_rate` is above what a pretrained model is trained with (`PRETRAINED_LEARNING_RATE`),
+    as when the tiny model's config (the CPU demo's 0.003) is given a real model; None otherwise."""
+    bound = PRETRAINED_LEARNING_RATE[lora]
+    if learning_rate <= bound:
+        return None
+    how = "with LoRA" if lora else "in full fine-tuning"
+    return (
+        f"Warning: learning_rate={learning_rate:g} is above {bound:g}, the most a pretrained model is trained with "
+        f"{how}; it can wreck the model in one update (the CPU demo's rate suits its tiny random model): for a small "
+        f"pretrained model use --config recipes/configs/smollm2_cpu.yaml, or lower --learning_rate"
+    )
 
 
 def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_args: ModelConfig) -> dict:
@@ -97,12 +117,17 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
     unknown = [name for name in script_args.reward_funcs if name not in reward_registry]
     if unknown:
         raise ValueError(f"reward_funcs: unknown name(s) {unknown}; known: {sorted(reward_registry)}")
-    if script_args.tiny_model and model_args.model_name_or_path is not None:
-        raise ValueError(
-            f"tiny_model=True builds its own model; remove model_name_or_path={model_args.model_name_or_path!r}"
-        )
+    if script_args.tiny_model and model_args.model_name_or_path is not None:  # a named model wins
+        print(f"Training model_name_or_path={model_args.model_name_or_path!r}, not the tiny model (tiny_model: true)")
+        script_args.tiny_model = False
+        warning = pretrained_learning_rate_warning(training_args.learning_rate, model_args.use_peft)
+        if warning:
+            print(warning)
     if not script_args.tiny_model and model_args.model_name_or_path is None:
-        raise ValueError("model_name_or_path is required (or set tiny_model=True)")
+        raise ValueError(
+            "model_name_or_path is required: a Hub id or a local folder (e.g. --model_name_or_path "
+            "HuggingFaceTB/SmolLM2-135M-Instruct), or --tiny_model true for the tiny random model of the CPU demo"
+        )
     entry_points.check_model_path("model_name_or_path", model_args.model_name_or_path)
     quantized = model_args.load_in_4bit or model_args.load_in_8bit
     problem = model_setting_problem(training_args, lora=model_args.use_peft, quantized=quantized)
@@ -152,7 +177,12 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     resume = training_args.resume_from_checkpoint
-    trainer.train(resume_from_checkpoint=True if str(resume).lower() == "true" else resume)
+    if not resume and trainer.accelerator.is_main_process:
+        clear_earlier_run(training_args.output_dir)
+    try:
+        trainer.train(resume_from_checkpoint=True if str(resume).lower() == "true" else resume)
+    except KeyboardInterrupt:  # Ctrl-C: the entry point says which checkpoint is complete and how to resume
+        raise entry_points.Interrupted(training_args.output_dir, trainer.state.global_step, __file__) from None
     if trainer.run_already_complete:  # a finished job relaunched: its saved model and evaluation stay as they are
         print(f"Run already complete at step {trainer.state.global_step}: nothing saved or evaluated")
         trainer.end()
@@ -172,9 +202,29 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
         path = write_results(results, training_args.output_dir)
         print(format_table(results))
         print(f"Saved {path}")
+        warning = collapse_warning(results, training_args.learning_rate)
+        if warning:
+            print(warning)
     trainer.accelerator.wait_for_everyone()
     trainer.end()  # finish the trackers and close the process group
     return results
+
+
+# what a run of this recipe writes into output_dir besides the model and checkpoints (doctor.png: the doctor command)
+RUN_FILES = ("training_metrics.jsonl", "training_curves.png", "policy_groups.png", "doctor.png", "eval_results.json")
+
+
+def clear_earlier_run(output_dir: str) -> list[str]:
+    """Remove an earlier run's `RUN_FILES` from `output_dir` before a new run (not a resume) writes its own, saying
+    so in one line, so that none is left stale (a run without policy groups writes no policy_groups.png); returns
+    the names removed."""
+    found = [name for name in RUN_FILES if (Path(output_dir) / name).is_file()]
+    if found:
+        print(f"{output_dir} holds an earlier run ({', '.join(found)}): replacing it; to continue that run instead, "
+              "add --resume_from_checkpoint true")  # fmt: skip
+        for name in found:
+            (Path(output_dir) / name).unlink()
+    return found
 
 
 PROG = "math_gsm8k.py"

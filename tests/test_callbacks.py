@@ -35,3 +35,34 @@ def test_with_prompt_skipping_the_table_shows_the_tokens(tmp_path, capsys):
     header, row = capsys.readouterr().out.splitlines()
     assert header.split()[-3:] == ["tokens", "skipped", "(total)"]
     assert row.split()[-2:] == ["480", "160"]
+
+
+def test_a_resumed_runs_files_cover_every_step_once(tmp_path, tiny_model_dir, capsys):
+    """Issue #30: train 4 steps with a checkpoint every 2, then resume from checkpoint-2 twice over (as after two
+    interruptions): training_metrics.jsonl holds steps 1-4 once each, the runtime line counts the steps trained."""
+    import json
+
+    from datasets import Dataset
+
+    from tests.conftest import small_grpo_kwargs
+    from trl_grpo_ext import GRPOConfig, GRPOTrainer
+
+    dataset = Dataset.from_list([{"prompt": f"Count to {i}:"} for i in range(16)])
+
+    def reward(completions, **kwargs):
+        return [len(c) % 5 / 5 for c in completions]
+
+    def train(max_steps, resume=None):
+        args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=max_steps, save_strategy="steps", save_steps=2))
+        trainer = GRPOTrainer(tiny_model_dir, [reward], args, dataset, callbacks=[MetricsTableCallback()])
+        trainer.train(resume_from_checkpoint=resume)
+
+    train(2)  # interrupted after its checkpoint-2
+    train(4, resume=str(tmp_path / "checkpoint-2"))
+    capsys.readouterr()
+    train(4, resume=str(tmp_path / "checkpoint-2"))  # again, from the same checkpoint
+    rows = [json.loads(line) for line in (tmp_path / "training_metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+    assert all(isinstance(row["reward"], float) for row in rows)
+    runtime = [line for line in capsys.readouterr().out.splitlines() if line.startswith("train_runtime")]
+    assert len(runtime) == 1 and runtime[0].endswith("s for 2 steps (resumed at step 2)")

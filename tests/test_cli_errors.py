@@ -350,3 +350,42 @@ def test_importing_the_package_changes_no_filter_and_cli_debug_shows_the_traceba
     assert last.endswith(
         f"UsageError: --config does_not_exist.yaml: no such file (relative paths start at {REPO_ROOT})"
     )
+
+
+@pytest.mark.parametrize("command", ["tiny-model", "memory", "export", "doctor"])
+def test_each_commands_help_prints_its_text_as_written(capsys, command):
+    """Issue #30: argparse %-formats help strings, not a description: a "90%%" there printed as written."""
+    with pytest.raises(SystemExit) as done:
+        cli.main([command, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: trl-grpo-ext {command}") and "%%" not in out
+
+
+def test_the_command_named_in_messages_runs_from_here(monkeypatch, tmp_path):
+    """Issue #30: right after `make demo` the venv is not activated, so `trl-grpo-ext` is not on PATH: the messages
+    name the script in the venv, or `python -m trl_grpo_ext.cli` when there is none."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no trl-grpo-ext on PATH
+    command = entry_points.cli_command()
+    beside = Path(sys.executable).parent / "trl-grpo-ext"
+    if beside.is_file():
+        assert Path(command).resolve() == beside.resolve()
+    else:
+        assert command == f"{sys.executable} -m trl_grpo_ext.cli"
+    result = subprocess.run([*command.split(" -m ")[0:1], *(["-m", "trl_grpo_ext.cli"] if " -m " in command else []),
+                             "--help"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0 and "doctor" in result.stdout
+
+
+def test_an_unreachable_hub_model_is_one_line_at_once(capsys, tmp_path, monkeypatch):
+    """Issue #30: a Hub id with no network took 45 s of retries and an 82-line traceback; now one request, one line.
+    Offline (HF_HUB_OFFLINE, as the tests run) it is refused without a request."""
+    recipe = load_recipe("math_gsm8k")
+    argv = ["--config", str(REPO_ROOT / "recipes/configs/smollm2_cpu.yaml"), "--output_dir", str(tmp_path / "o")]
+    assert recipe.cli(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "math_gsm8k.py: error: model_name_or_path='HuggingFaceTB/SmolLM2-135M-Instruct' is not in the local "
+        "Hugging Face cache and HF_HUB_OFFLINE is set: download it on a machine with internet (`hf download "
+        "HuggingFaceTB/SmolLM2-135M-Instruct`) and pass its folder (run with --debug for the traceback)"
+    ]

@@ -67,6 +67,7 @@ FIELDS = {
     "prompt_skip_initial_keep": ([], [1e-6, 1.0], {"prompt_skip_min_keep": 1e-6}, "a finite number in (0, 1]"),
     "prompt_skip_adapt_step": ([], [1e-6, 1.0], {}, "a finite number in (0, 1]"),
     "prompt_skip_failing_grace": ([], [0, 100], {}, "an integer >= 0"),
+    "prompt_skip_hopeless": ([], [True, False, "true", "no"], {}, "true or false"),
     "prompt_skip_min_keep": ([], [1e-6, 0.5], {}, "a finite number in (0, 1]"),
     "prompt_skip_first_visit": ([], [True, False, "true", "no"], {}, "true or false"),
     "prompt_skip_refill": ([], [True, False, "true", "no"], {}, "true or false"),
@@ -138,6 +139,7 @@ def test_each_field_takes_its_edge_values(tmp_path, name):
             "prompt_skip",
             "prompt_skip_first_visit",
             "prompt_skip_refill",
+            "prompt_skip_hopeless",
             "policy_group_warmup_plateau",
             "run_doctor",
         ):

@@ -126,3 +126,10 @@ def test_max_steps_other_than_a_count_or_minus_one_is_refused(tmp_path, max_step
 @pytest.mark.parametrize("max_steps", [-1, 0, 1, 384])
 def test_max_steps_counts_and_minus_one_are_accepted(tmp_path, max_steps):
     assert _config(tmp_path, max_steps=max_steps).max_steps == max_steps
+
+
+def test_an_empty_training_dataset_is_an_error_before_the_model_loads(tmp_path):
+    """Issue #30: stock TRL trains 0 steps on an empty dataset and exits 0; here it is one clear error."""
+    empty = _dataset(answer=["2", "4"]).select([])
+    with pytest.raises(ValueError, match=r"^train_dataset has 0 rows: there is nothing to train on"):
+        GRPOTrainer(NO_MODEL, gsm8k_accuracy, _config(tmp_path), empty)

@@ -91,6 +91,51 @@ def test_a_healthy_log_has_no_finding():
     assert {skip.check for skip in diagnosis.skipped} >= {"kl_runaway", "generation_bound", "memory"}
 
 
+def test_a_short_runs_verdict_says_it_could_not_judge_and_a_longer_ones_how_much_it_checked():
+    """Issue #30: 3 logged steps skip most checks: the verdict says so instead of "healthy"."""
+    short = diagnose(log(3), ended=True)
+    assert short.findings == []
+    skipped, total = len(short.skipped), short.checks
+    assert total == len(CHECKS) and 2 * skipped >= total
+    assert short.verdict() == f"too short to judge: {skipped} of {total} checks skipped"
+    assert short.report().splitlines()[0] == f"3 logged training steps, up to step 3: {short.verdict()}"
+    healthy = diagnose(log(120), ended=True)
+    ran = total - len(healthy.skipped)
+    assert (
+        healthy.verdict()
+        == f"no finding in the {ran} checks that could run ({len(healthy.skipped)} of {total} skipped)"
+    )
+
+
+def test_a_run_that_ends_without_signal_is_a_finding_though_shorter_than_a_window():
+    """The CPU demo's end: its last 9 of 40 steps had no informative generation group (a window is 40 steps). At the
+    end of the run (`ended`) that is a finding; during training (more steps may come) it is not yet."""
+    rows = log(40, frac_reward_zero_std=lambda t: np.where(t > 31, 1.0, 0.3),
+               reward=lambda t: np.where(t > 31, 0.0, -0.4 + 0.01 * t))  # fmt: skip
+    [finding] = [f for f in diagnose(rows, ended=True).findings if f.check == "no_signal"]
+    assert finding.title.startswith("no learning signal at the end of the run (all-correct)")
+    assert "over steps 32-40" in finding.evidence and finding.step == 40
+    assert checks_found(rows, "no_signal") == []  # not ended: not yet
+    assert [f.check for f in diagnose(log(40), ended=True).findings] == []  # the healthy twin
+
+
+@pytest.mark.parametrize(("lengths", "found"), [([40.0, 0.4, 0.0], True), ([40.0, 30.0, 0.0], False),
+                                                ([40.0, 5.0, 4.0], False)])  # fmt: skip
+def test_completions_that_collapse_to_nothing_are_a_finding_with_the_learning_rate_to_lower(lengths, found):
+    """SmolLM2 full fine-tuned at the demo's learning rate answers with the empty string from the second step: a
+    3-step run whose last 2 steps' completions are empty is a finding; one empty step, or 4-5 tokens (the demo's
+    tiny model, which learns to end early), is not."""
+    rows = log(3, **{"completions/mean_length": np.array(lengths)})
+    findings = [f for f in diagnose(rows, {"learning_rate": 0.003}, ended=True).findings if f.check == "collapse"]
+    assert bool(findings) is found
+    if found:
+        assert "learning_rate (now 0.003)" in findings[0].suggestion and "[40, 0.4, 0]" not in findings[0].evidence
+        assert "completions/mean_length [0.4, 0] tokens over steps 2-3" in findings[0].evidence
+    collapsed_mid_run = log(60, **{"completions/mean_length": lambda t: np.where(t > 10, 0.5, 40.0)})
+    [mid] = checks_found(collapsed_mid_run, "collapse")
+    assert mid.step == 30 and "at the end" not in mid.title  # the first full window of 20 steps: 11-30
+
+
 def test_no_signal_says_all_wrong_and_where_it_starts():
     rows = log(60, frac_reward_zero_std=lambda t: np.where(t > 20, 1.0, 0.3),
                reward=lambda t: np.where(t > 20, 0.0, 0.2 + 0.01 * t))  # fmt: skip

@@ -10,7 +10,13 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import trl_grpo_ext.gsm8k.evaluation as evaluation
-from trl_grpo_ext.gsm8k.evaluation import evaluate_gsm8k, format_table, load_model_for_eval, majority_answer
+from trl_grpo_ext.gsm8k.evaluation import (
+    collapse_warning,
+    evaluate_gsm8k,
+    format_table,
+    load_model_for_eval,
+    majority_answer,
+)
 
 
 @pytest.mark.parametrize(
@@ -45,7 +51,28 @@ def test_evaluate_gsm8k_figures_by_hand(monkeypatch):
     assert (results["strict_accuracy"], results["lenient_accuracy"], results["maj@3"]) == (0.25, 0.5, 0.5)
     assert [s["strict"] for s in results["samples"]] == [1.0, 0.0, 0.0, 0.0]
     assert [s["lenient"] for s in results["samples"]] == [1.0, 1.0, 0.0, 0.0]
-    assert "strict_accuracy    25.0%" in format_table(results) and "maj@3              50.0%" in format_table(results)
+    table = dict(line.split() for line in format_table(results).splitlines()[2:])
+    assert (table["strict_accuracy"], table["maj@3"], table["problems"]) == ("25.0%", "50.0%", "4")
+    assert results["empty_completions"] == 0.0 and collapse_warning(results) is None
+
+
+def test_an_evaluation_of_empty_completions_warns_that_the_model_collapsed(monkeypatch):
+    """Issue #30: a model wrecked by its training answers with nothing; 3 of 4 empty (one blank) is a warning that
+    names the learning rate, 1 of 4 is not."""
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"q{i}"}], "answer": "1"} for i in range(4)])
+    for greedy, share in (([[""], [" \n"], [""], ["1"]], 0.75), ([[""], ["2"], ["3"], ["\boxed{1}"]], 0.25)):
+        monkeypatch.setattr(evaluation, "generate", lambda *args, greedy=greedy, **kwargs: greedy)
+        results = evaluate_gsm8k(None, None, dataset)
+        assert results["empty_completions"] == share
+        assert dict(line.split() for line in format_table(results).splitlines()[2:])["empty_completions"] == (
+            f"{100 * share:.1f}%"
+        )
+        warning = collapse_warning(results, learning_rate=0.003)
+        assert (warning is not None) is (share >= 0.5)
+    assert collapse_warning({"empty_completions": 0.75}, 0.003).startswith(
+        "Warning: 75% of the evaluation's completions are empty: the model has collapsed. Lower learning_rate (now "
+        "0.003)"
+    )
 
 
 def test_results_keep_every_completion_with_its_question_answer_and_score(monkeypatch, tmp_path):

@@ -22,13 +22,16 @@ from trl_grpo_ext.prompt_skip.history import NEVER, STREAK_MAX, PromptHistory, u
 from trl_grpo_ext.prompt_skip.normalizer import normalizer_correction
 from trl_grpo_ext.prompt_skip.skipping import (
     adapt_base,
+    count_evidence,
     first_visit_keep,
+    hopeless_base,
     keep_for_layout,
     keep_probability,
     layout_quantum,
     skip_streak,
     solved_share,
     static_cache_quantum,
+    streak_keep,
 )
 from trl_grpo_ext.prompt_skip.state import PromptSkipState
 
@@ -54,8 +57,9 @@ def test_history_counts_streaks_and_remembers_the_value_and_length():
     assert history.last_step.tolist() == [6, 5, NEVER, NEVER]  # row 2 was unscored: nothing measured
     assert history.value[0] == 1.0 and torch.isnan(history.value[1])
     assert history.length.tolist() == [8, 3, 0, 0]  # mean tokens of the last visit; truncated ones left out
+    assert history.informed.tolist() == [False, True, False, False]
     history.observe(torch.tensor([0]), torch.tensor([[0.0, 1.0]]), torch.tensor([[8.0, 8.0]]), step=7)
-    assert history.streak[0] == 0  # an informative visit ends the streak
+    assert history.streak[0] == 0 and history.informed[0]  # an informative visit ends the streak
     history.streak[3] = STREAK_MAX
     history.observe(torch.tensor([3]), torch.tensor([[0.0, 0.0]]), torch.tensor([[1.0, 1.0]]), step=8)
     assert history.streak[3] == STREAK_MAX  # saturates
@@ -63,10 +67,10 @@ def test_history_counts_streaks_and_remembers_the_value_and_length():
 
 def test_a_million_prompts_fit_in_the_issues_64_megabytes():
     history = PromptHistory(1_000_000)
-    assert history.nbytes() == 11 * 1_000_000  # int32 step + int8 streak + float32 value + int16 length
+    assert history.nbytes() == 12 * 1_000_000  # int32 step + int8 streak + float32 value + int16 length + bool
     state = PromptSkipState(1_000_000, base=0.5, seed=0)
     state.draw_rows(1, keep=None)  # a pass begun: its order holds the other 999,999 rows
-    assert state.nbytes() == 11 * 1_000_000 + 8 * 999_999 <= 64 * 2**20
+    assert state.nbytes() == 12 * 1_000_000 + 8 * 999_999 <= 64 * 2**20
 
 
 def test_keep_probability_is_the_base_to_the_streak_with_a_floor():
@@ -93,6 +97,43 @@ def test_no_prompt_counts_as_solved_until_a_lower_reward_was_seen():
     state.best_reward = 1.0
     assert state.solved_at() == 1.0
     assert skip_streak(torch.tensor([2]), torch.tensor([1.0]), state.solved_at(), grace=3).tolist() == [2]
+
+
+def test_a_never_informative_prompts_base_is_measured_from_how_often_such_prompts_turned_informative():
+    # no such visit seen: the prior alone, at the reference rate: 1
+    assert hopeless_base(torch.zeros(4, dtype=torch.float64), prior=8.0) == 1.0
+    # 100 failing visits, none informative; 100 after an informative one, 99 informative: r_a = 100/102,
+    # r_f = 8 r_a / 108, base 8/108
+    hopeless = torch.tensor([100.0, 0.0, 100.0, 99.0], dtype=torch.float64)
+    assert hopeless_base(hopeless, prior=8.0) == pytest.approx(8 / 108)
+    # failing prompts as informative as the others (learnable, not yet learnt): never below 1 by much, capped at 1
+    learnable = torch.tensor([100.0, 60.0, 100.0, 58.0], dtype=torch.float64)
+    r_a = 59 / 102
+    assert hopeless_base(learnable, prior=8.0) == pytest.approx(min((60 + 8 * r_a) / 108 / r_a, 1.0))
+    assert hopeless_base(torch.tensor([100.0, 30.0, 100.0, 60.0], dtype=torch.float64), 8.0) == pytest.approx(
+        (30 + 8 * 61 / 102) / 108 / (61 / 102)
+    )
+
+
+def test_evidence_counts_each_kind_of_visit_and_forgets_geometrically():
+    failing = torch.tensor([True, True, False, False, False])
+    after_informative = torch.tensor([False, False, True, True, False])  # the last: never seen
+    informative = torch.tensor([True, False, True, False, True])
+    evidence = count_evidence(torch.zeros(4, dtype=torch.float64), failing, after_informative, informative)
+    assert evidence.tolist() == [2.0, 1.0, 2.0, 1.0]
+    again = count_evidence(evidence, failing, after_informative, informative, decay=0.5)
+    assert again.tolist() == [3.0, 1.5, 3.0, 1.5]
+
+
+def test_a_failing_prompt_never_informative_keeps_with_the_measured_base_when_hopeless_ones_are_skipped():
+    streak, value = torch.tensor([2, 2, 3, 2, 4, 0]), torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, NAN])
+    informed = torch.tensor([True, False, False, True, True, True])
+    keep = streak_keep(streak, value, informed, best=1.0, base=0.5, hopeless=0.2, grace=3, floor=0.001)
+    # solved: 0.5^2; never informative: 0.2^2, 0.2^3; once informative: 0.5^max(2-3, 0), 0.5^(4-3); informative: 1
+    assert_close(keep, torch.tensor([0.25, 0.04, 0.008, 1.0, 0.5, 1.0], dtype=torch.float64))
+    off = streak_keep(streak, value, informed, best=1.0, base=0.5, hopeless=None, grace=3, floor=0.001)
+    # off: every failing prompt gets the grace: 0.5^0, 0.5^0, 0.5^1 for the never-informative ones too
+    assert_close(off, torch.tensor([0.25, 1.0, 1.0, 1.0, 0.5, 1.0], dtype=torch.float64))
 
 
 def test_the_base_moves_towards_the_target_within_its_bounds():
@@ -267,6 +308,49 @@ def test_solved_prompts_are_skipped_once_seen_and_not_replaced(tmp_path, tiny_mo
     solved_rows = torch.arange(16)[::2]
     seen = history.last_step[solved_rows] != NEVER
     assert (history.streak[solved_rows][seen] > 0).all() and (history.value[solved_rows][seen] == 1.0).all()
+
+
+class _FailingPrompts:
+    """Rewards a prompt's completions by its `kind`: `hopeless` 0 always; `late` 0 at its first visit and, like
+    `learnable`, the completion length mod 7 over 7 (informative) after. Records each batch's kinds."""
+
+    __name__ = "failing_prompts"
+
+    def __init__(self):
+        self.batches, self.visits = [], {}
+
+    def __call__(self, prompts, completions, kind, **kwargs):
+        self.batches.append(list(kind[::4]))
+        keys = [str(prompt) for prompt in prompts]
+        for key in keys[::4]:
+            self.visits[key] = self.visits.get(key, 0) + 1
+        return [0.0 if k == "hopeless" or (k == "late" and self.visits[key] == 1) else (len(c[0]["content"]) % 7) / 7
+                for c, k, key in zip(completions, kind, keys, strict=True)]  # fmt: skip
+
+
+@pytest.mark.parametrize("failing_kind", ["hopeless", "late"])
+def test_never_informative_prompts_are_skipped_only_where_they_stay_failing(tmp_path, tiny_model_dir, failing_kind):
+    """`prompt_skip_hopeless=True`; 16 prompts, half `learnable` and half failing at first (all completions 0,
+    below the best reward seen): `hopeless` ones never turn informative, so their measured base falls and later
+    batches hold fewer of them; `late` ones turn informative at their second visit, so the measured base stays high
+    and later batches hold about as many of them as of the learnable ones."""
+    rows = to_grpo_rows(synthetic_gsm8k(16, seed=4))
+    dataset = Dataset.from_list(
+        [{**row, "kind": failing_kind if i % 2 else "learnable"} for i, row in enumerate(rows)]
+    )
+    reward = _FailingPrompts()
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=16, per_device_train_batch_size=16, prompt_skip=True,
+                                          prompt_skip_hopeless=True, remove_unused_columns=False))  # fmt: skip
+    trainer = GRPOTrainer(tiny_model_dir, [reward], args, dataset)
+    trainer.train()
+    bases = [row["prompt_skip/hopeless_keep_base"] for row in _skip_logs(trainer)]
+    late = [k for kinds in reward.batches[8:] for k in kinds]
+    if failing_kind == "hopeless":
+        assert bases[0] == 1.0 and bases[-1] < 0.6
+        assert late.count("hopeless") < 0.75 * late.count("learnable")  # 8 of 16 drawn without skipping: as many
+    else:
+        assert min(bases) > 0.7
+        assert late.count("late") >= 0.8 * late.count("learnable")
 
 
 def test_a_batch_that_would_skip_everything_keeps_one_prompt(tmp_path, tiny_model_dir):

@@ -107,7 +107,7 @@ def test_relaunching_a_finished_recipe_run_changes_nothing(tmp_path, capsys):
     ("argv", "message"),
     [
         (["--reward_funcs", "gsm8k_acuracy"], r"reward_funcs: unknown name\(s\) \['gsm8k_acuracy'\]"),
-        (["--model_name_or_path", "some/model"], "tiny_model=True builds its own model; remove model_name_or_path"),
+        (["--model_name_or_path", "no/such-model-here"], "model_name_or_path"),
         (
             ["--generation_lora_merge", "copy"],
             r"the model has none: train with LoRA \(peft_config; in the recipes --use_peft",
@@ -197,3 +197,58 @@ def test_eval_script_loads_a_lora_adapter_folder(gsm8k_dir, tiny_model_dir, tmp_
     results = recipe.main(args)
     assert results["num_problems"] == 2
     assert (tmp_path / "adapter" / "eval_gsm8k.json").is_file()  # default name: a run's eval_results.json is kept
+
+
+def test_ctrl_c_says_which_checkpoint_is_complete_and_the_resume_continues_the_files(tmp_path, capsys, monkeypatch):
+    """Issue #30: Ctrl-C at step 3 (checkpoint-2 saved) prints one line with the checkpoint and the command to
+    resume, exit code 130; that command resumes (one line says from where), and the run's metrics file covers steps
+    1-4 once each."""
+    from trl_grpo_ext import GRPOTrainer
+
+    recipe = load_recipe("math_gsm8k")
+    out = tmp_path / "run"
+    argv = [
+        "--config", str(REPO_ROOT / "recipes/configs/demo_cpu.yaml"), "--output_dir", str(out), "--synthetic_problems",
+        "16", "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2", "--eval_limit", "0",
+    ]  # fmt: skip
+    step = GRPOTrainer.training_step
+
+    def interrupted_at_step_3(self, *args, **kwargs):
+        if self.state.global_step == 3:
+            raise KeyboardInterrupt
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "training_step", interrupted_at_step_3)
+    assert recipe.cli(argv) == 130
+    stderr = capsys.readouterr().err
+    err = [line for line in stderr.splitlines() if line.startswith("math_gsm8k.py:")]
+    assert len(err) == 1 and "Traceback" not in stderr, stderr
+    head = f"math_gsm8k.py: interrupted at step 3; the last complete checkpoint is {out}/checkpoint-2 (step 2); "
+    assert err[0].startswith(head + "resume with: python ")
+    assert err[0].endswith(" --eval_limit 0 --resume_from_checkpoint true")
+    monkeypatch.undo()
+
+    command = err[0].split("resume with: ")[1].split()
+    assert command[1].endswith("math_gsm8k.py")
+    assert recipe.cli(command[2:]) == 0
+    assert "train_runtime" in (out_text := capsys.readouterr().out) and "for 2 steps (resumed at step 2)" in out_text
+    rows = [json.loads(line) for line in (out / "training_metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+
+
+def test_a_new_run_in_an_earlier_runs_folder_says_so_and_leaves_nothing_stale(tmp_path, capsys):
+    """Issue #30: `make demo` twice: the second run says it replaces the first, the first's doctor.png (which a run
+    does not write: `trl-grpo-ext doctor` does) is gone and its other files are this run's."""
+    recipe = load_recipe("math_gsm8k")
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in ("doctor.png", "policy_groups.png", "training_metrics.jsonl", "notes.txt"):
+        (out / name).write_text("earlier")
+    argv = ["--config", str(REPO_ROOT / "recipes/configs/demo_cpu.yaml"), "--output_dir", str(out),
+            "--synthetic_problems", "16", "--max_steps", "1", "--eval_limit", "0"]  # fmt: skip
+    recipe.main(*recipe.make_parser().parse_args_and_config(argv))
+    assert f"{out} holds an earlier run (training_metrics.jsonl, policy_groups.png, doctor.png): replacing it" in (
+        capsys.readouterr().out
+    )
+    assert not (out / "doctor.png").exists() and (out / "policy_groups.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "training_metrics.jsonl").read_text() != "earlier" and (out / "notes.txt").read_text() == "earlier"

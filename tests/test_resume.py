@@ -113,7 +113,7 @@ def test_crash_while_saving_resumes_from_last_complete_checkpoint(
     with caplog.at_level(logging.WARNING, logger="trl_grpo_ext.trainer"):
         trainer.train(resume_from_checkpoint=True)
     assert "Skipping incomplete checkpoint" in caplog.text and "checkpoint-6" in caplog.text
-    assert f"Resuming from {out / 'checkpoint-3'}" in caplog.text
+    assert f"Resuming from {out / 'checkpoint-3'} (step 3)" in caplog.text
     resumed = {
         "logs": [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in trainer.state.log_history],
         "prompts": reward.calls,
@@ -241,7 +241,7 @@ def test_killed_process_resumes_to_exactly_max_steps(tmp_path, tiny_model_dir, k
 def test_no_complete_checkpoint_is_a_clear_error(tmp_path, tiny_model_dir):
     (tmp_path / "empty" / "checkpoint-2").mkdir(parents=True)
     trainer, _ = build_trainer({}, tiny_model_dir, str(tmp_path / "empty"))
-    with pytest.raises(ValueError, match="No complete checkpoint found in output_dir="):
+    with pytest.raises(ValueError, match="no complete checkpoint-N folder in output_dir="):
         trainer.train(resume_from_checkpoint=True)
 
 

@@ -34,22 +34,34 @@ class MetricsTableCallback(TrainerCallback):
     prompt skipping also the completion tokens generated for the step (`prompt_skip/completion_tokens`) and those
     left out so far (`prompt_skip/tokens_saved`, an estimate). At the end
     of training the main process writes `<output_dir>/training_metrics.jsonl` (one logged row a line, every value
-    logged at that step: TRL's, this package's, the run doctor's) and `<output_dir>/training_curves.png`.
+    logged at that step: TRL's, this package's, the run doctor's) and `<output_dir>/training_curves.png`. A resumed
+    run's files start at step 1: the rows logged before the checkpoint come from its `trainer_state.json`, and each
+    step appears once however many times the run was resumed.
     """
 
     def __init__(self):
         self.rows: list[dict] = []
         self.columns = COLUMNS  # with prompt skipping (`args.prompt_skip`), SKIP_COLUMNS too
+        self._header = False  # the table's header printed
+        self._first_step = 0  # the global step training (re)started from
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # a resumed run: the checkpoint's log (the Trainer loads it before this call); a fresh one: nothing
+        self.rows = [dict(row) for row in state.log_history if "step" in row and _is_training_row(row)]
+        self._first_step = state.global_step
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
         if "train_runtime" in logs:  # the Trainer's closing summary
-            print(f"train_runtime: {logs['train_runtime']:.1f} s for {state.global_step} steps", flush=True)
+            trained = state.global_step - self._first_step
+            since = f" (resumed at step {self._first_step})" if self._first_step else ""
+            print(f"train_runtime: {logs['train_runtime']:.1f} s for {trained} steps{since}", flush=True)
             return
-        if "reward" not in logs and "loss" not in logs:  # an evaluation's row (a step on a buffered batch has a loss)
+        if not _is_training_row(logs):
             return
-        if not self.rows:
+        if not self._header:
+            self._header = True
             skipping = getattr(args, "prompt_skip", False)  # our GRPOConfig's field; TRL's config has none
             self.columns = COLUMNS + (SKIP_COLUMNS if skipping else ())
             print(" ".join(["step".rjust(5), *(title.rjust(len(fmt.format(0.0))) for _, title, fmt in self.columns)]))
@@ -68,6 +80,12 @@ class MetricsTableCallback(TrainerCallback):
         print(f"Saved {plot_path}")
         if any(key.startswith("policy_groups/") for row in self.rows for key in row):
             print(f"Saved {plot_policy_groups(self.rows, os.path.join(args.output_dir, GROUPS_PLOT_NAME))}")
+
+
+def _is_training_row(logs: dict) -> bool:
+    """A training step's logged row: not the Trainer's closing summary nor an evaluation's row (a step on a buffered
+    batch has a loss but no reward)."""
+    return "train_runtime" not in logs and ("reward" in logs or "loss" in logs)
 
 
 def _format(value, fmt: str) -> str:

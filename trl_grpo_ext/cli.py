@@ -89,7 +89,7 @@ def _memory(argv: list[str]) -> int:
         prog="trl-grpo-ext memory",
         description="Estimated peak GPU memory of a recipe config, term by term (trl_grpo_ext.consumer_gpu.memory); "
         "no download. "
-        "Any other --field value pair overrides the config. Exit code 1 when the peak is above 90%% of --card-gib.",
+        "Any other --field value pair overrides the config. Exit code 1 when the peak is above 90% of --card-gib.",
         epilog=entry_points.DEBUG_HELP,
     )
     parser.add_argument("--config", required=True, help="recipe YAML (GRPOConfig and ModelConfig fields)")
@@ -170,7 +170,7 @@ def _doctor(argv: list[str]) -> int:
         if not png.parent.is_dir():
             raise ValueError(f"--png {png}: the folder {png.parent} does not exist")
     run = load_run(run_dir)  # RunDirError (a ValueError): one line
-    diagnosis = diagnose(run.rows, checks=checks)
+    diagnosis = diagnose(run.rows, checks=checks, ended=True)
     print(f"{args.run_dir}: read {', '.join(run.sources)}")
     for note in run.notes:
         print(f"note: {note}")

@@ -184,6 +184,12 @@ class GRPOConfig(TRLGRPOConfig):
             Uninformative visits of a *failing* prompt (all its completions got the same reward, below the best
             reward seen in the run) that do not count towards its streak: a hard prompt that is still learnable is
             not skipped at once. A *solved* prompt (all at the best reward) counts from its first visit.
+        prompt_skip_hopeless (`bool`, *optional*, defaults to `False`):
+            Also skip, from their first visit, failing prompts that were never informative (unsolvable ones, or
+            ones whose answer is wrong), at a base keep probability measured on the run: the share of such prompts'
+            visits that came out informative over that of the visits after an informative one. For data known to
+            hold many such prompts: it saves tokens there, but a learnable prompt that fails at first is skipped
+            too, and on a mix with noisy rewards it made more runs collapse (`benchmarks/README.md`).
         prompt_skip_min_keep (`float`, *optional*, defaults to `0.05`):
             The lowest keep probability of any prompt (and the lowest p), so that a skipped prompt is generated for
             now and then: it may have become informative again.
@@ -425,6 +431,10 @@ class GRPOConfig(TRLGRPOConfig):
     )
     prompt_skip_failing_grace: int = field(
         default=3, metadata={"help": "Uninformative visits of a failing (not solved) prompt that do not count."}
+    )
+    prompt_skip_hopeless: bool = field(
+        default=False,
+        metadata={"help": "Also skip failing prompts never informative, at a keep probability measured on the run."},
     )
     prompt_skip_min_keep: float = field(
         default=0.05, metadata={"help": "Lowest keep probability of any prompt, so skipped ones come back."}

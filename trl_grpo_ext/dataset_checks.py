@@ -47,10 +47,15 @@ def check_dataset_columns(dataset, reward_funcs, args, eval_dataset=None) -> Non
         eval_dataset: the evaluation dataset, or a dict of them by name, as `GRPOTrainer` takes it (or None).
 
     Raises:
-        ValueError: naming the column, the reward function (or `policy_group_column`) that reads it, the dataset
-            (training, evaluation, or evaluation dataset 'name') and its columns; or, with
-            `remove_unused_columns=True`, saying that TRL drops the column.
+        ValueError: a training dataset with no row; or naming the column, the reward function (or
+            `policy_group_column`) that reads it, the dataset (training, evaluation, or evaluation dataset 'name')
+            and its columns; or, with `remove_unused_columns=True`, saying that TRL drops the column.
     """
+    if dataset is not None and hasattr(dataset, "__len__") and len(dataset) == 0:  # stock TRL trains 0 steps, exit 0
+        raise ValueError(
+            "train_dataset has 0 rows: there is nothing to train on (check the file, a filter or a limit that "
+            "removed every row)"
+        )
     evaluation = eval_dataset.items() if isinstance(eval_dataset, dict) else [(None, eval_dataset)]
     _check_reward_columns(dataset, reward_funcs, args, "training dataset")
     for name, data in evaluation:

@@ -25,6 +25,7 @@ import difflib
 import logging
 import os
 import re
+import shlex
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -292,7 +293,10 @@ def check_model_path(field: str, value: str | None) -> None:
     fix = "give a model, checkpoint or LoRA adapter folder, or a Hub id such as Qwen/Qwen2.5-0.5B-Instruct"
     check_local_path(field, value, fix)
     path = Path(value).expanduser() if value is not None else None
-    if path is None or not path.exists():
+    if path is None:
+        return
+    if not path.exists():
+        check_hub_model(field, value)
         return
     if not path.is_dir():
         raise ValueError(f"{field}={value!r} is a file; {fix}")
@@ -300,6 +304,43 @@ def check_model_path(field: str, value: str | None) -> None:
         steps = sorted(int(p.name[11:]) for p in path.glob("checkpoint-*") if p.is_dir() and p.name[11:].isdigit())
         seen = f"; it has checkpoints (latest: checkpoint-{steps[-1]}): pass one of them" if steps else f"; {fix}"
         raise ValueError(f"{field}={value!r}: no config.json or adapter_config.json in this folder{seen}")
+
+
+HUB_TIMEOUT = 10  # seconds the Hub may take to answer whether a model exists
+
+
+def check_hub_model(field: str, repo_id: str) -> None:
+    """Before anything loads: a Hub id not in the local Hugging Face cache can be downloaded. One request to the Hub
+    (`HUB_TIMEOUT` s at most), so that an unreachable Hub, a missing or gated model is one line at once rather than a
+    traceback after transformers' retries.
+
+    Raises:
+        ValueError: the model is not cached and `HF_HUB_OFFLINE` is set, the Hub cannot be reached, has no such
+            model, or gates it.
+    """
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    if any(isinstance(huggingface_hub.try_to_load_from_cache(repo_id, name), str)
+           for name in ("config.json", "adapter_config.json")):  # fmt: skip
+        return
+    local = "download it on a machine with internet (`hf download " + repo_id + "`) and pass its folder"
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        raise ValueError(
+            f"{field}={repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: {local}"
+        )
+    try:
+        huggingface_hub.model_info(repo_id, timeout=HUB_TIMEOUT)
+    except GatedRepoError:
+        raise ValueError(f"{field}={repo_id!r} is gated on the Hub: accept its terms on its page and log in "
+                         "(`hf auth login`), or pass a local folder") from None  # fmt: skip
+    except RepositoryNotFoundError:
+        raise ValueError(f"{field}={repo_id!r}: no such model on the Hub (nor a local folder); check the name, or log "
+                         "in (`hf auth login`) for a private one") from None  # fmt: skip
+    except Exception as error:  # noqa: BLE001 - any transport error (DNS, refused, timeout, proxy) is the same fix
+        reason = " ".join(str(error).split()) or type(error).__name__
+        raise ValueError(f"{field}={repo_id!r} is not a local folder, not in the Hugging Face cache, and the Hub "
+                         f"cannot be reached ({reason}): {local}") from None  # fmt: skip
 
 
 def one_line(error: BaseException) -> str:
@@ -314,19 +355,80 @@ def one_line(error: BaseException) -> str:
     return f"{message.rstrip('.')}: {fix}" if fix else message
 
 
+def cli_command() -> str:
+    """How to run the `trl-grpo-ext` command from here: its name when it is on PATH, else the script beside this
+    Python (a virtual environment not activated: `.venv/bin/trl-grpo-ext`, relative when under the working
+    folder), else `python -m trl_grpo_ext.cli` with this Python."""
+    import shutil
+
+    if shutil.which("trl-grpo-ext"):
+        return "trl-grpo-ext"
+    script = Path(sys.executable).parent / "trl-grpo-ext"
+    if script.is_file():
+        relative = os.path.relpath(script)
+        return relative if not relative.startswith("..") else str(script)
+    return f"{sys.executable} -m trl_grpo_ext.cli"
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during training, raised by an entry point from the `KeyboardInterrupt` so that `run` can say where the
+    run stopped, which checkpoint is complete and the command that resumes from it.
+
+    Args:
+        output_dir: the run's output folder.
+        step: the last optimizer step completed.
+        script: the entry point's script (its `__file__`), shown relative to the working folder when inside it.
+    """
+
+    def __init__(self, output_dir: str, step: int, script: str):
+        super().__init__(output_dir, step)
+        self.output_dir, self.step = output_dir, step
+        relative = os.path.relpath(script)
+        self.script = script if relative.startswith("..") else relative
+
+    def resume_hint(self, argv: list[str]) -> str:
+        """ " at step N; ...": the newest complete checkpoint and the command that resumes from it (`argv` with
+        `--resume_from_checkpoint true`), or that none was saved."""
+        from .resume import checkpoint_step, last_complete_checkpoint
+
+        path, _ = last_complete_checkpoint(self.output_dir)
+        if path is None:
+            return (f" at step {self.step}; no complete checkpoint in {self.output_dir} (save_strategy / save_steps "
+                    f"set when one is written): run the same command again to start over")  # fmt: skip
+        kept, skip = [], False
+        for arg in argv:  # without an earlier --resume_from_checkpoint VALUE (or =VALUE)
+            if skip:
+                skip = False
+            elif arg == "--resume_from_checkpoint":
+                skip = True
+            elif not arg.startswith("--resume_from_checkpoint="):
+                kept.append(arg)
+        command = shlex.join(["python", self.script, *kept, "--resume_from_checkpoint", "true"])
+        return (f" at step {self.step}; the last complete checkpoint is {path} (step {checkpoint_step(path)}); "
+                f"resume with: {command}")  # fmt: skip
+
+
 def run(entry: Callable[[list[str]], int | None], argv: Iterable[str], prog: str, *, debug: bool = False) -> int:
     """Run `entry(argv)` (the debug switch taken out of `argv`) after `quiet_start`, and return its exit code (0 for
     None).
 
     A user error (`USER_ERRORS`) prints `<prog>: error: <one_line(error)>` on stderr and returns 2 for a
     `UsageError`, else 1; with the debug switch (`--debug` in `argv`, `debug`, or `TRL_GRPO_EXT_DEBUG=1`) it is
-    raised instead, with its traceback. Other exceptions are raised.
+    raised instead, with its traceback. Other exceptions are raised. Ctrl-C (`KeyboardInterrupt`) prints one line,
+    `<prog>: interrupted`, with the checkpoint to resume from for an `Interrupted`, and returns 130.
     """
     argv, flag = pop_debug_flag(argv)
     debug = debug or flag or debug_from_env()
     quiet_start(debug)
     try:
         code = entry(argv)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C: one line (the main process's), what is saved, how to go on
+        if debug:
+            raise
+        if os.environ.get("RANK", "0") == "0":
+            where = interrupt.resume_hint(argv) if isinstance(interrupt, Interrupted) else ""
+            print(f"{prog}: interrupted{where}", file=sys.stderr, flush=True)
+        return 130  # 128 + SIGINT, as a shell reports it
     except USER_ERRORS as error:
         if debug:
             raise

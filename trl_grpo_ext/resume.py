@@ -134,6 +134,12 @@ def checkpoint_problem(checkpoint_dir: str) -> str | None:
     return None
 
 
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The global step a checkpoint folder was saved at (its `trainer_state.json`)."""
+    with open(os.path.join(path, "trainer_state.json")) as f:
+        return int(json.load(f)["global_step"])
+
+
 def last_complete_checkpoint(output_dir: str) -> tuple[str | None, list[tuple[str, str]]]:
     """The newest `checkpoint-N` folder of `output_dir` that `checkpoint_problem` accepts, and the newer ones skipped.
 

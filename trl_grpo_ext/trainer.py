@@ -32,6 +32,7 @@ from .resume import (
     EpochSeededSampler,
     RunAlreadyComplete,
     checkpoint_problem,
+    checkpoint_step,
     last_complete_checkpoint,
     load_resume_state,
     save_resume_state,
@@ -310,14 +311,21 @@ class GRPOTrainer(TRLContact):
             for skipped_path, reason in skipped:
                 logger.warning("Skipping incomplete checkpoint %s: %s", skipped_path, reason)
             if path is None:
-                raise ValueError(f"No complete checkpoint found in output_dir={self.args.output_dir!r}")
-            if skipped:
-                logger.warning("Resuming from %s, the last complete checkpoint", path)
+                found = f" ({len(skipped)} incomplete one(s) skipped)" if skipped else ""
+                raise ValueError(
+                    f"resume_from_checkpoint=True: no complete checkpoint-N folder in output_dir="
+                    f"{self.args.output_dir!r}{found}; start the run without resume_from_checkpoint, or name a "
+                    f"checkpoint folder with resume_from_checkpoint=PATH"
+                )
             resume_from_checkpoint = path
         elif isinstance(resume_from_checkpoint, str | os.PathLike):
             problem = checkpoint_problem(resume_from_checkpoint)
             if problem is not None:
                 raise ValueError(f"resume_from_checkpoint={str(resume_from_checkpoint)!r} is incomplete: {problem}")
+        if resume_from_checkpoint:
+            logger.warning(
+                "Resuming from %s (step %d)", resume_from_checkpoint, checkpoint_step(resume_from_checkpoint)
+            )
         try:
             return super().train(resume_from_checkpoint, *more, **kwargs)
         except RunAlreadyComplete as complete:

@@ -5,7 +5,8 @@ import time
 
 from transformers import TrainerCallback
 
-from .checks import CHECKS, Finding, Run, diagnose, generation_accounting
+from ..entry_points import cli_command
+from .checks import CHECKS, Diagnosis, Finding, Run, diagnose, generation_accounting
 from .series import Columns, training_rows
 
 logger = logging.getLogger(__name__)
@@ -60,7 +61,8 @@ class DoctorCallback(TrainerCallback):
         self._settings: dict = {}
         self._start = time.perf_counter()
         self._unchecked = False  # rows recorded since the last check
-        self._skipped: list[str] = []  # the checks the last check skipped
+        self._skipped: list = []  # the `Skip`s of the last check
+        self._total = 0  # the checks the last check ran or skipped
 
     @property
     def rows(self) -> list[dict]:
@@ -84,10 +86,11 @@ class DoctorCallback(TrainerCallback):
                 self._check()
         self.seconds += time.perf_counter() - start
 
-    def _check(self) -> None:
+    def _check(self, ended: bool = False) -> None:
         seen = {finding.key for finding in self.findings}
-        diagnosis = diagnose(self.columns, self._settings, self.checks)
-        self._skipped = [skip.check for skip in diagnosis.skipped]
+        diagnosis = diagnose(self.columns, self._settings, self.checks, ended=ended)
+        self._skipped = diagnosis.skipped
+        self._total = diagnosis.checks
         for finding in diagnosis.findings:
             if finding.key not in seen:
                 self.findings.append(finding)
@@ -97,18 +100,15 @@ class DoctorCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
             return
-        if self._unchecked:
-            self._check()
-        checks = sorted({finding.check for finding in self.findings})
-        verdict = f"{len(self.findings)} finding(s) ({', '.join(checks)})" if checks else "no finding"
-        skipped = (
-            f"; skipped {', '.join(self._skipped)} (a metric not logged, or too few steps)" if self._skipped else ""
-        )
+        self._check(ended=True)  # the whole run: a state its last rows are in counts too
+        verdict = Diagnosis(findings=self.findings, skipped=self._skipped, checks=self._total).verdict()
+        skipped = (f"; skipped {', '.join(skip.check for skip in self._skipped)} (a metric not logged, or too few "
+                   "steps)" if self._skipped else "")  # fmt: skip
         elapsed = time.perf_counter() - self._start
         generation = generation_accounting(Run(self.columns))
         logger.warning(
             "run doctor: %s over %d logged steps%s (the checks took %.3f s, %.2f%% of the training time); %s"
-            "`trl-grpo-ext doctor %s` prints the report, why each skipped check was skipped, and the dashboard",
+            "`%s doctor %s` prints the report, why each skipped check was skipped, and the dashboard",
             verdict, len(self.rows), skipped, self.seconds, 100 * self.seconds / max(elapsed, 1e-9),
-            f"{generation}; " if generation else "", args.output_dir,
+            f"{generation}; " if generation else "", cli_command(), args.output_dir,
         )  # fmt: skip

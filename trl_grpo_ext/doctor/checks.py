@@ -64,15 +64,32 @@ class Diagnosis:
     rows: int = 0
     last_step: int = 0
     generation: str = ""  # what generation cost and what prompt skipping saved (`generation_accounting`), or ""
+    checks: int = 0  # the checks run or skipped
+
+    def verdict(self) -> str:
+        """How much the doctor could judge, and what it found: "too short to judge: N of M checks skipped" when at
+        least half of the checks could not run, else "no finding in the K checks that could run (N skipped)" or
+        the findings' count and checks."""
+        skipped, total = len(self.skipped), self.checks or len(self.skipped) + 1
+        names = sorted({finding.check for finding in self.findings})
+        found = f"{len(self.findings)} finding(s) ({', '.join(names)})" if names else ""
+        if 2 * skipped >= total:
+            return f"too short to judge: {skipped} of {total} checks skipped" + (f"; {found}" if found else "")
+        if found:
+            return found + (f"; {skipped} of {total} checks skipped" if skipped else "")
+        ran = total - skipped
+        return f"no finding in the {ran} checks that could run" + (
+            f" ({skipped} of {total} skipped)" if skipped else ""
+        )
 
     def report(self) -> str:
-        """The short report `trl-grpo-ext doctor` prints: findings first, then what was skipped and why."""
+        """The short report `trl-grpo-ext doctor` prints: the verdict, the findings, then what was skipped and why."""
         head = f"{self.rows} logged training step{'s' if self.rows != 1 else ''}, up to step {self.last_step}: "
-        if not self.findings:
-            head += "no finding; every check that could run found the run healthy"
-        else:
-            head += f"{len(self.findings)} finding(s)"
-        lines = [head, *([self.generation] if self.generation else []), *(finding.text() for finding in self.findings)]
+        lines = [
+            head + self.verdict(),
+            *([self.generation] if self.generation else []),
+            *(finding.text() for finding in self.findings),
+        ]
         if self.skipped:
             lines.append("skipped:")
             lines += [f"  {skip.check}: {skip.reason}" for skip in self.skipped]
@@ -83,10 +100,11 @@ class Run:
     """The logged training rows of a run (`series.training_rows`, or the `series.Columns` the callback keeps), with
     the settings known for it (a dict of `GRPOConfig` field values; empty when only the log is known)."""
 
-    def __init__(self, rows: "list[dict] | S.Columns", settings: dict | None = None):
+    def __init__(self, rows: "list[dict] | S.Columns", settings: dict | None = None, ended: bool = False):
         self.columns = rows if isinstance(rows, S.Columns) else S.Columns(rows)
         self.rows = self.columns.rows
         self.settings = settings or {}
+        self.ended = ended  # the log is the whole run: a state its last rows are in is reported (`tail`)
         self._series: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -118,6 +136,15 @@ class Run:
         """W, the rows of the `name` span at this metric's logging interval."""
         return S.window_rows(steps, value(name))
 
+    def tail(self, condition: np.ndarray) -> int:
+        """At the end of a run (`ended`), the number of last rows where `condition` (n,) bool holds, when they are
+        enough to report (`tail_rows`, or the last half of a shorter run, 2 at least); else 0."""
+        if not self.ended or not len(condition):
+            return 0
+        held = len(condition) - int(np.flatnonzero(~condition)[-1]) - 1 if (~condition).any() else len(condition)
+        need = min(int(value("tail_rows")), max(2, len(condition) // 2))
+        return held if held >= need else 0
+
     def now(self, name: str) -> str:
         """' (now <value>)' when the setting is known, else ''."""
         return f" (now {self.settings[name]})" if self.settings.get(name) is not None else ""
@@ -140,11 +167,12 @@ def check(name: str) -> Callable[[CheckFn], CheckFn]:
 
 
 def diagnose(
-    rows: "list[dict] | S.Columns", settings: dict | None = None, checks: list[str] | None = None
+    rows: "list[dict] | S.Columns", settings: dict | None = None, checks: list[str] | None = None, ended: bool = False
 ) -> Diagnosis:
     """Run the `checks` (default: all of `CHECKS`) on `rows`, a run's log (`state.log_history` or the recipe's
     `training_metrics.jsonl` rows; the training rows are picked out) or the `series.Columns` of its training rows,
-    with the run's `settings` when known.
+    with the run's `settings` when known. `ended`: the log is a whole run (the end of training, or a run folder read
+    afterwards), so a state its last rows are in is reported though it lasted less than a window.
 
     Raises:
         ValueError: a name in `checks` that is not a check (says which exist).
@@ -152,9 +180,10 @@ def diagnose(
     unknown = sorted(set(checks or ()) - set(CHECKS))
     if unknown:
         raise ValueError(f"checks: unknown run doctor check(s) {unknown}; known: {sorted(CHECKS)}")
-    run = Run(rows if isinstance(rows, S.Columns) else S.training_rows(rows), settings)
-    diagnosis = Diagnosis(rows=len(run.rows), last_step=run.rows[-1]["step"] if run.rows else 0)
-    for name in checks or CHECKS:
+    run = Run(rows if isinstance(rows, S.Columns) else S.training_rows(rows), settings, ended)
+    names = checks or list(CHECKS)
+    diagnosis = Diagnosis(rows=len(run.rows), last_step=run.rows[-1]["step"] if run.rows else 0, checks=len(names))
+    for name in names:
         result = CHECKS[name](run)
         if isinstance(result, Skip):
             diagnosis.skipped.append(result)

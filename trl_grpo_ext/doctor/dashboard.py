@@ -83,9 +83,7 @@ def plot_dashboard(rows: list[dict], diagnosis: Diagnosis, path: str, title: str
         panel.grid(alpha=0.3)
         if panel.get_legend_handles_labels()[0]:
             panel.legend(fontsize=7)
-    checks = sorted({finding.check for finding in diagnosis.findings})
-    verdict = f"{len(diagnosis.findings)} finding(s): {', '.join(checks)}" if checks else "no finding"
-    fig.suptitle(f"{title + ': ' if title else ''}run doctor, {verdict}", fontsize=12)
+    fig.suptitle(f"{title + ': ' if title else ''}run doctor, {diagnosis.verdict()}", fontsize=12)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

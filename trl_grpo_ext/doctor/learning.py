@@ -41,14 +41,17 @@ def no_signal(run: Run) -> list[Finding] | Skip:
         return missing("no_signal", "frac_reward_zero_std", "TRL's GRPOTrainer logs it at every logging step")
     steps, frac = run.finite("frac_reward_zero_std")
     width = run.window(steps, "persist_steps")
-    if len(frac) < width:
+    threshold, findings = value("zero_std_frac"), []
+    tail = run.tail(frac >= threshold)  # at the end of a run: its last rows all without signal
+    if len(frac) < width and not tail:
         return too_short("no_signal", "frac_reward_zero_std", len(frac), width)
     reward_steps, reward = run.finite("reward")
-    threshold, findings = value("zero_std_frac"), []
     fix = {kind: text.format(G=run.now("num_generations"), T=run.now("temperature"))
            for kind, text in NO_SIGNAL_FIX.items()}  # fmt: skip
-    means = S.rolling_mean(frac, width)
-    end = S.first_window(means >= threshold, width)
+    end = S.first_window(S.rolling_mean(frac, width) >= threshold, width)
+    where = ""
+    if end is None and tail:  # shorter than the window, but the run ended in it
+        end, width, where = len(frac) - 1, tail, " at the end of the run"
     if end is not None:
         at = reward_steps <= steps[end]
         recent = at & (reward_steps >= steps[end - width + 1])
@@ -61,9 +64,11 @@ def no_signal(run: Run) -> list[Finding] | Skip:
         per_function = [f"{name} {mean_between(run, f'rewards/{name}/mean', first_step, last_step):.3g}"
                         for name in run.keys_like("rewards/", "/mean")]  # fmt: skip
         findings.append(Finding(
-            "no_signal", "run", f"no learning signal ({kind}): the completions of a prompt all get the same reward",
+            "no_signal", "run",
+            f"no learning signal{where} ({kind}): the completions of a prompt all get the same reward",
             f"frac_reward_zero_std {S.fmt(frac[end - width + 1 : end + 1])} over {span(steps, end, width)} "
-            f"(mean {means[end - width + 1]:.3g} >= {threshold}); reward {level:.3g} in the run's range "
+            f"(mean {np.nanmean(frac[end - width + 1 : end + 1]):.3g} >= {threshold}); reward {level:.3g} in the "
+            f"run's range "
             f"[{low:.3g}, {high:.3g}]"
             + (f"; per reward function: {', '.join(per_function)}" if per_function else ""),
             fix[kind], int(steps[end]),
@@ -106,6 +111,37 @@ def _group_no_signal(run: Run, name: str, threshold: float, fix: dict) -> list[F
 
 
 # ----- completions ------------------------------------------------------------------------------------------------
+
+
+@check("collapse")
+def collapse(run: Run) -> list[Finding] | Skip:
+    """The completions collapsed to (almost) nothing: TRL's `completions/mean_length` at or below `collapsed_length`
+    tokens over `window_steps`, or over the last rows of a run that ended so (`Run.tail`). A model wrecked by its
+    updates (most often a learning rate far above what it was pretrained at) answers with the end-of-sequence token
+    at once."""
+    if not len(run.series("completions/mean_length")[0]):
+        return missing("collapse", "completions/mean_length", "TRL's GRPOTrainer logs it at every logging step")
+    steps, length = run.finite("completions/mean_length")
+    width, limit = run.window(steps), value("collapsed_length")
+    tail = run.tail(length <= limit)
+    if len(length) < width and not tail:
+        return too_short("collapse", "completions/mean_length", len(length), width)
+    end = S.first_window(S.rolling_mean(length, width) <= limit, width)
+    where = ""
+    if end is None and tail:
+        end, width, where = len(length) - 1, tail, " at the end of the run"
+    if end is None:
+        return []
+    return [Finding(
+        "collapse", "run", f"the completions collapsed to (almost) nothing{where}",
+        f"completions/mean_length {S.fmt(length[end - width + 1 : end + 1])} tokens over {span(steps, end, width)} "
+        f"(<= {limit:g}), from {length[0]:.3g} at step {steps[0]}",
+        f"lower learning_rate{run.now('learning_rate')}: a pretrained model is trained with at most about 1e-5 in "
+        "full fine-tuning and 2e-4 with LoRA (in the recipes --use_peft true, or "
+        "--config recipes/configs/smollm2_cpu.yaml for a small model); check that no reward function pays for "
+        "an empty answer",
+        int(steps[end]),
+    )]  # fmt: skip
 
 
 @check("truncation")

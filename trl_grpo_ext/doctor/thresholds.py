@@ -51,6 +51,20 @@ THRESHOLDS: dict[str, Threshold] = {
         "rewards the run has logged, all-wrong in the bottom quarter, mixed in between",
         "our choice: the midpoint ± a quarter of the range, so binary and shaped rewards both classify",
     ),
+    "tail_rows": Threshold(
+        5, "logged rows",
+        "at the end of a run, a state its last rows are all in is reported though it lasted less than a window: "
+        "over this many rows, or over the last half of a run shorter than twice that (2 rows at least)",
+        "our choice: the CPU demo ends with 9 steps without signal, which its dashboard shows and a window missed",
+    ),
+    "collapsed_length": Threshold(
+        2.0, "tokens",
+        "collapsed completions: the mean completion length (TRL's `completions/mean_length`) at or below this, "
+        "over a window or the run's last rows (`tail_rows`): empty or near-empty completions, nothing to score",
+        "issue #30 (a user's run): SmolLM2-135M-Instruct full fine-tuned at the CPU demo's learning rate (0.003) "
+        "answers with the empty string (1 token: the end of sequence) after one update; our measurement: the CPU "
+        "demo's tiny model, which learns to end early, stays at 4-7 tokens",
+    ),
     "truncated_frac": Threshold(
         0.2, "fraction of completions",
         "truncation: over the second half of `persist_steps`, at least this share of the completions hit "

@@ -158,9 +158,10 @@ def evaluate_gsm8k(
         maj_k: samples per problem for the majority vote, at `temperature`; 0 or 1 skips it.
 
     Returns:
-        `{"num_problems", "strict_accuracy", "lenient_accuracy", ["maj@k"], "samples": [...]}`; accuracies are
-        fractions in [0, 1]. `samples` keeps every completion, one record a problem: `question`, `answer` (gold),
-        the greedy `completion` with its `strict_answer` (a final `\\boxed{}`) and `lenient_answer` (None when
+        `{"num_problems", "strict_accuracy", "lenient_accuracy", "empty_completions", ["maj@k"], "samples": [...]}`;
+        accuracies and `empty_completions` (the greedy completions that are empty or blank) are fractions in [0, 1].
+        `samples` keeps every completion, one record a problem: `question`, `answer` (gold), the greedy
+        `completion` with its `strict_answer` (a final `\\boxed{}`) and `lenient_answer` (None when
         there is none) and their scores `strict` and `lenient` (1.0 or 0.0); with maj@k, `"maj@k"`:
         `{"majority_answer", "correct", "samples": [{"completion", "lenient_answer", "correct"}, ...]}`, the k
         sampled completions in the order they were generated.
@@ -174,6 +175,7 @@ def evaluate_gsm8k(
         "num_problems": len(prompts),
         "strict_accuracy": sum(record["strict"] for record in records) / n,
         "lenient_accuracy": sum(record["lenient"] for record in records) / n,
+        "empty_completions": sum(not text.strip() for text in greedy) / n,
     }
     if maj_k > 1:
         sampled = generate(model, tokenizer, prompts, max_new_tokens, batch_size, maj_k, temperature)
@@ -193,9 +195,27 @@ def write_results(results: dict, output_dir: str, name: str = "eval_results.json
     return path
 
 
+EMPTY_SHARE = 0.5  # evaluation completions empty at least this often: the model has collapsed
+
+
+def collapse_warning(results: dict, learning_rate: float | None = None) -> str | None:
+    """One line when at least `EMPTY_SHARE` of the evaluation's greedy completions are empty (a model wrecked by its
+    training answers with the end-of-sequence token at once), with the setting to change; None otherwise."""
+    share = results.get("empty_completions", 0.0)
+    if share < EMPTY_SHARE:
+        return None
+    now = f" (now {learning_rate:g})" if learning_rate is not None else ""
+    return (
+        f"Warning: {share:.0%} of the evaluation's completions are empty: the model has collapsed. Lower "
+        f"learning_rate{now} (a pretrained model: about 1e-5 at most in full fine-tuning, 2e-4 with LoRA), or train "
+        "with LoRA; `trl-grpo-ext doctor` on the run folder shows when it happened"
+    )
+
+
 def format_table(results: dict) -> str:
-    """A printable table of the accuracy figures in `results` (percentages)."""
-    rows = [(key, value) for key, value in results.items() if key.endswith("accuracy") or key.startswith("maj@")]
+    """A printable table of the accuracy figures in `results` (percentages), and the share of empty completions."""
+    rows = [(key, value) for key, value in results.items()
+            if key.endswith("accuracy") or key.startswith("maj@") or key == "empty_completions"]  # fmt: skip
     width = max(len(key) for key, _ in rows)
     lines = [f"{'metric'.ljust(width)}  value", f"{'-' * width}  ------"]
     lines += [f"{key.ljust(width)}  {100 * value:5.1f}%" for key, value in rows]

@@ -17,7 +17,8 @@ a sampling rule other than `uniform`), else in this feature's own shuffled pass 
 After generation, the batch's rewards update each prompt's history and the base keep probability. The metrics
 (training, every generation batch): `prompt_skip/uninformative_frac` (the share of its generation groups whose
 completions all got the same reward, over the scored ones; per policy group as
-`prompt_skip/<group>/uninformative_frac`), `prompt_skip/keep_base`, `prompt_skip/skipped_in_batch`,
+`prompt_skip/<group>/uninformative_frac`), `prompt_skip/keep_base`, `prompt_skip/hopeless_keep_base` (with
+`prompt_skip_hopeless`: `skipping.hopeless_base`), `prompt_skip/skipped_in_batch`,
 `prompt_skip/completion_tokens` (the completion tokens generated for the batch, over all processes, as TRL's
 `completions/mean_length` counts them), and the running totals `prompt_skip/skipped` (prompts),
 `prompt_skip/completion_tokens_total` and `prompt_skip/tokens_saved` (completion tokens not generated: each skipped
@@ -34,12 +35,13 @@ from .history import NEVER
 from .normalizer import normalizer_correction
 from .skipping import (
     adapt_base,
+    count_evidence,
+    hopeless_base,
     keep_for_layout,
-    keep_probability,
     layout_quantum,
     prompt_keep_probability,
-    skip_streak,
     static_cache_quantum,
+    streak_keep,
 )
 from .state import PromptSkipState
 
@@ -76,9 +78,14 @@ class PromptSkip(Feature):
         args, skip, groups = self.trainer.args, self.skip, self.trainer.policy_groups
         first_visit = groups is not None and args.prompt_skip_first_visit
         return prompt_keep_probability(
-            skip.history, rows, skip.base, skip.solved_at(), args.prompt_skip_failing_grace, args.prompt_skip_min_keep,
-            (groups.assignment, len(groups.names)) if first_visit else None,
+            skip.history, rows, skip.base, self.hopeless_base(), skip.solved_at(), args.prompt_skip_failing_grace,
+            args.prompt_skip_min_keep, (groups.assignment, len(groups.names)) if first_visit else None,
         )  # fmt: skip
+
+    def hopeless_base(self) -> float | None:
+        """With `prompt_skip_hopeless`, the base keep probability of a failing prompt never informative, measured on
+        the run so far (`skipping.hopeless_base`); else None."""
+        return hopeless_base(self.skip.evidence) if self.trainer.args.prompt_skip_hopeless else None
 
     def prompt_filter(self, row: int) -> bool:
         if not self.refill:
@@ -88,10 +95,12 @@ class PromptSkip(Feature):
             self._decisions = (skip.batches, skip.decision_generator())
         args = self.trainer.args
         history = skip.history
-        streak = skip_streak(history.streak[row], history.value[row], skip.solved_at(), args.prompt_skip_failing_grace)
-        if streak == 0:
+        probability = float(streak_keep(
+            history.streak[row], history.value[row], history.informed[row], skip.solved_at(), skip.base,
+            self.hopeless_base(), args.prompt_skip_failing_grace, args.prompt_skip_min_keep,
+        ))  # fmt: skip
+        if probability >= 1.0:
             return True
-        probability = float(keep_probability(streak, skip.base, args.prompt_skip_min_keep))
         if float(torch.rand((), dtype=torch.float64, generator=self._decisions[1])) < probability:
             return True
         skip.skipped += 1  # replaced by the next prompt of the draw: no token saved
@@ -165,12 +174,14 @@ class PromptSkip(Feature):
             mean_loss_length = torch.nan_to_num(lengths.nanmean(), nan=0.0)
             self._account_for_skipped(output, loss_tokens, mean_loss_length, mean_generated)
         skip.generated_tokens += generated
+        before = self._visit_kinds(prompt_rows)  # decided on the history before this batch
         if (~torch.isnan(rewards)).any():
             scored_rewards = rewards[~torch.isnan(rewards)]
             skip.best_reward = max(skip.best_reward, float(scored_rewards.max()))
             skip.worst_reward = min(skip.worst_reward, float(scored_rewards.min()))
         equal = skip.history.observe(prompt_rows, rewards, lengths.view(-1, generations), trainer.state.global_step)
         scored = ~torch.isnan(rewards).all(dim=1)
+        skip.evidence = count_evidence(skip.evidence, before[0] & scored, before[1] & scored, scored & ~equal)
         share = float(equal[scored].double().mean()) if scored.any() else float("nan")
         args = trainer.args
         skip.base = adapt_base(skip.base, share, args.prompt_skip_target, args.prompt_skip_adapt_step,
@@ -178,6 +189,8 @@ class PromptSkip(Feature):
         skip.batches += 1
         train_metrics["prompt_skip/uninformative_frac"].append(share)
         train_metrics["prompt_skip/keep_base"].append(skip.base)
+        if args.prompt_skip_hopeless:
+            train_metrics["prompt_skip/hopeless_keep_base"].append(self.hopeless_base())
         train_metrics["prompt_skip/skipped_in_batch"].append(float(self._skipped_in_batch))
         self._skipped_in_batch = 0
         train_metrics["prompt_skip/completion_tokens"].append(generated)
@@ -192,6 +205,14 @@ class PromptSkip(Feature):
                 if members.any():
                     value = float(equal[members].double().mean())
                     train_metrics[f"prompt_skip/{name}/uninformative_frac"].append(value)
+
+    def _visit_kinds(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(failing (P,) bool: the last visit was uninformative below the reward a solved prompt gets and none was
+        informative, after an informative visit (P,) bool) for the dataset rows `rows` (P,), from the history now."""
+        history, tol = self.skip.history, 1e-6
+        streak, seen = history.streak[rows], history.last_step[rows] != NEVER
+        solved = history.value[rows].double() >= self.skip.solved_at() - tol
+        return seen & (streak > 0) & ~solved & ~history.informed[rows], seen & (streak == 0)
 
     def _account_for_skipped(self, output: dict, generated: float, mean_length, mean_generated: float) -> None:
         """Tell TRL's loss about this batch's skipped completions, as present with zero advantage (`normalizer`):

@@ -1,4 +1,4 @@
-"""`PromptHistory`: what prompt skipping remembers of each training prompt, in 11 bytes, and how a generation batch
+"""`PromptHistory`: what prompt skipping remembers of each training prompt, in 12 bytes, and how a generation batch
 updates it. Shapes: R training-dataset rows, P prompts of a generation batch (over all processes), G completions per
 prompt (`num_generations`)."""
 
@@ -33,9 +33,10 @@ def uninformative(rewards: torch.Tensor, tol: float = 1e-6) -> tuple[torch.Tenso
 class PromptHistory:
     """Per training prompt: the optimizer step it was last generated for (`last_step`, int32, `NEVER` before), its
     streak of consecutive uninformative visits (`streak`, int8, saturating at `STREAK_MAX`; 0 after an informative
-    one), the reward all its completions got at the last uninformative visit (`value`, float32, NaN if none) and the
-    mean completion length of its last visit (`length`, int16 tokens, for the tokens a skip saves): 11 bytes a prompt,
-    11 MB for a million.
+    one), the reward all its completions got at the last uninformative visit (`value`, float32, NaN if none), the
+    mean completion length of its last visit (`length`, int16 tokens, for the tokens a skip saves) and whether any
+    visit was informative (`informed`, bool: a failing prompt that was is learnable): 12 bytes a prompt, 12 MB for a
+    million.
 
     Args:
         num_rows: R, the training dataset's rows.
@@ -46,10 +47,11 @@ class PromptHistory:
         self.streak = torch.zeros(num_rows, dtype=torch.int8)
         self.value = torch.full((num_rows,), torch.nan, dtype=torch.float32)
         self.length = torch.zeros(num_rows, dtype=torch.int16)
+        self.informed = torch.zeros(num_rows, dtype=torch.bool)
 
     def nbytes(self) -> int:
         """Bytes held, over all prompts."""
-        return sum(t.numel() * t.element_size() for t in (self.last_step, self.streak, self.value, self.length))
+        return sum(t.numel() * t.element_size() for t in self.state_dict().values())
 
     def observe(self, rows: torch.Tensor, rewards: torch.Tensor, lengths: torch.Tensor, step: int) -> torch.Tensor:
         """Fold one generation batch in: `rows` (P,) its prompts' dataset rows, `rewards` (P, G) their completions'
@@ -70,12 +72,15 @@ class PromptHistory:
                 self.value[row] = float(value[i])
             else:
                 self.streak[row] = 0
+                self.informed[row] = True
         return equal
 
     def state_dict(self) -> dict:
         return {"last_step": self.last_step.clone(), "streak": self.streak.clone(), "value": self.value.clone(),
-                "length": self.length.clone()}  # fmt: skip
+                "length": self.length.clone(), "informed": self.informed.clone()}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         self.last_step, self.streak = state["last_step"].clone(), state["streak"].clone()
         self.value, self.length = state["value"].clone(), state["length"].clone()
+        # absent from checkpoints written before it was kept: a prompt whose last visit was informative
+        self.informed = state.get("informed", (self.last_step != NEVER) & (self.streak == 0)).clone()

@@ -9,9 +9,14 @@ share is above the target, raised while below. A floor on the keep probability m
 now and then, as it may have become informative again.
 
 Solved and failing prompts are told apart by the reward all their completions got: a prompt is *solved* when that
-reward is the best one seen in the run, else *failing*. A failing prompt may still be learnable (at the start most
-completions of a hard but learnable prompt fail together), so its first `grace` uninformative visits do not count:
-it is skipped on the streak z − grace. Ours, not GRESO's: GRESO treats both alike.
+reward is the best one seen in the run, else *failing*. A failing prompt may be learnable but not yet learnt (at the
+start most completions of a hard but learnable prompt fail together), so its first `grace` uninformative visits in a
+row do not count: it is skipped on the streak z − grace. Ours, not GRESO's: GRESO treats both alike.
+
+Optionally (`prompt_skip_hopeless`), a failing prompt that was never informative (possibly hopeless: unsolvable,
+or its answer wrong) gets no grace and a base measured on the run instead (`hopeless_base`): the share of such
+prompts' visits that came out informative, over the share of the visits after an informative one, so that a run
+whose never-informative prompts do turn informative keeps generating them, and one whose stay failing stops.
 """
 
 import math
@@ -35,6 +40,66 @@ def skip_streak(streak: torch.Tensor, value: torch.Tensor, best: float, grace: i
     streak = streak.long()
     solved = value.double() >= best - tol
     return torch.where(solved, streak, (streak - grace).clamp(min=0))
+
+
+def streak_keep(
+    streak,
+    value,
+    informed,
+    best: float,
+    base: float,
+    hopeless: float | None,
+    grace: int,
+    floor: float,
+    tol: float = 1e-6,
+) -> torch.Tensor:
+    """The keep probability from a prompt's history (any shape, float64): max(b^z, `floor`), 1 for z = 0. A solved
+    prompt (`value`, the reward all completions of its last uninformative visit got, within `tol` of `best`): b =
+    `base`, z its `streak`. A failing prompt: b = `base`, z = max(`streak` − `grace`, 0); with `hopeless` (a
+    `hopeless_base`; None: off) one never `informed` (no informative visit yet) gets b = `hopeless`, z its streak."""
+    solved = value.double() >= best - tol
+    if hopeless is None:
+        return keep_probability(skip_streak(streak, value, best, grace, tol), base, floor)
+    measured = ~solved & ~informed
+    z = torch.where(measured, streak.long(), skip_streak(streak, value, best, grace, tol))
+    bases = torch.where(measured, torch.as_tensor(hopeless, dtype=torch.float64),
+                        torch.as_tensor(base, dtype=torch.float64))  # fmt: skip
+    return keep_probability(z, bases, floor)
+
+
+EVIDENCE_DECAY = 0.95  # each generation batch, the visits counted before weigh this much less: the run moves on
+HOPELESS_PRIOR = 8.0  # visits at the reference rate a never-informative prompt's measured rate starts from
+VISITS, INFORMATIVE, AFTER_INFORMATIVE, INFORMATIVE_AFTER_INFORMATIVE = range(4)  # the rows of `count_evidence`
+
+
+def count_evidence(
+    evidence: torch.Tensor,
+    failing: torch.Tensor,
+    after_informative: torch.Tensor,
+    informative: torch.Tensor,
+    decay: float = EVIDENCE_DECAY,
+) -> torch.Tensor:
+    """The (4,) float64 counts `hopeless_base` reads, after one generation batch: the old ones times `decay`, plus the
+    batch's visits of a failing prompt never informative (`failing` (P,) bool: its last visit uninformative and below
+    the best reward, none informative) and of a prompt whose last visit was informative (`after_informative` (P,)
+    bool), each with how many came out `informative` (P,) bool."""
+    batch = torch.stack([failing.sum(), (failing & informative).sum(), after_informative.sum(),
+                         (after_informative & informative).sum()]).double()  # fmt: skip
+    return evidence * decay + batch
+
+
+def hopeless_base(evidence: torch.Tensor, prior: float = HOPELESS_PRIOR) -> float:
+    """The base keep probability of a failing prompt never informative: min(r_f / r_a, 1), r_a = (i_a + 1) / (n_a + 2)
+    the share of visits after an informative one that came out informative, r_f = (i_f + `prior`·r_a) / (n_f +
+    `prior`) the share of the never-informative failing prompts' visits that did, shrunk towards r_a by `prior`
+    visits (so 1 until such visits were seen).
+    `evidence`: (4,) the decayed counts n_f, i_f, n_a, i_a of `count_evidence`. The expected informative generation
+    groups per generated token of a failing prompt, relative to a prompt that was informative: skipping it in that
+    proportion leaves the informative groups per token of the batch as high as the evidence allows."""
+    n_f, i_f, n_a, i_a = evidence.tolist()
+    r_a = (i_a + 1.0) / (n_a + 2.0)
+    r_f = (i_f + prior * r_a) / (n_f + prior)
+    return min(r_f / r_a, 1.0)
 
 
 def adapt_base(base: float, observed: float, target: float, step: float, low: float, high: float = 1.0) -> float:
@@ -103,14 +168,14 @@ def keep_for_layout(kept: torch.Tensor, probability: torch.Tensor, quantum: int)
 FIRST_VISIT_LEAST_SEEN = 8  # prompts of a policy group seen before its solved share predicts a first visit
 
 
-def prompt_keep_probability(history, rows, base, best, grace, floor, groups=None, tol: float = 1e-6) -> torch.Tensor:
+def prompt_keep_probability(history, rows, base, hopeless, best, grace, floor, groups=None, tol=1e-6) -> torch.Tensor:
     """(P,) float64 the keep probability of each dataset row of `rows` (P,), from the `history` (a `PromptHistory`):
-    max(`base`^z, `floor`) for the streak z of `skip_streak` (1 for a prompt never uninformative, or never seen).
-    With `groups` = (assignment (R,) int64 policy group ids, K groups), a prompt never generated for gets
-    `first_visit_keep` of its group's `solved_share` instead (`best`: the best reward seen; `grace`: a failing
-    prompt's visits that do not count)."""
-    streak = skip_streak(history.streak[rows], history.value[rows], best, grace)
-    keep = keep_probability(streak, base, floor)
+    `streak_keep` (1 for a prompt never uninformative, or never seen; `base` and `failing` the solved and failing
+    prompts' bases, `best` the reward a solved prompt's completions all got, `grace` a failing prompt's visits that
+    do not count). With `groups` = (assignment (R,) int64 policy group ids, K groups), a prompt never generated for
+    gets `first_visit_keep` of its group's `solved_share` instead."""
+    keep = streak_keep(history.streak[rows], history.value[rows], history.informed[rows], best, base, hopeless, grace,
+                       floor, tol)  # fmt: skip
     first = history.last_step[rows] == NEVER
     if groups is None or not first.any():
         return keep

@@ -7,8 +7,9 @@ from .history import PromptHistory
 
 
 class PromptSkipState:
-    """The per-prompt history, the adapted base keep probability, the uniform prompt order used without policy groups,
-    and the running totals. Every random decision comes from a generator seeded by (seed, counter), so all processes
+    """The per-prompt history, the adapted base keep probability of solved prompts, the evidence a failing prompt's
+    base is measured from (`skipping.count_evidence`), the uniform prompt order used without policy groups, and the
+    running totals. Every random decision comes from a generator seeded by (seed, counter), so all processes
     decide alike and a resumed run decides as the uninterrupted one.
 
     Args:
@@ -29,6 +30,8 @@ class PromptSkipState:
         self.skipped = 0  # prompts skipped since the start
         self.tokens_saved = 0.0  # completion tokens those skips did not generate (at each batch's mean length)
         self.generated_tokens = 0.0  # completion tokens generated for training since the start
+        # visits of failing prompts and after informative ones, and how many came out informative (decayed counts)
+        self.evidence = torch.zeros(4, dtype=torch.float64)
 
     def solved_at(self, tol: float = 1e-6) -> float:
         """The reward at which an uninformative prompt counts as solved: the best seen, once a reward below it was
@@ -70,7 +73,8 @@ class PromptSkipState:
         return {"history": self.history.state_dict(), "base": self.base, "batches": self.batches,
                 "passes": self.passes, "order": self.order.clone(), "skipped": self.skipped,
                 "tokens_saved": self.tokens_saved, "best_reward": self.best_reward,
-                "worst_reward": self.worst_reward, "generated_tokens": self.generated_tokens}  # fmt: skip
+                "worst_reward": self.worst_reward, "generated_tokens": self.generated_tokens,
+                "evidence": self.evidence.clone()}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
         self.history.load_state_dict(state["history"])
@@ -80,3 +84,4 @@ class PromptSkipState:
         # absent from checkpoints written before they were kept
         self.generated_tokens = state.get("generated_tokens", 0.0)
         self.worst_reward = state.get("worst_reward", -float("inf"))  # as before: the best reward alone decided
+        self.evidence = state.get("evidence", torch.zeros(4, dtype=torch.float64)).clone()  # none: failing base 1
