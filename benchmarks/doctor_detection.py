@@ -5,7 +5,8 @@
 Labelled logs:
   * real runs of the tiny model on 2 CPU cores, each labelled by how it was made (before the doctor saw it):
       demo, demo_seed{1,2},   the CPU demo (recipes/configs/demo_cpu.yaml) as shipped, with two other seeds, and
-      demo_kl                 with beta=0.04: healthy
+      demo_kl                 with beta=0.04: healthy, but the first three end with 5-9 steps without an informative
+                              generation group (relabelled from their logs in issue #30): no_signal
       no_noise_trl[_s1,_s2]   benchmarks/policy_groups_learning.py's `no_noise` mix, stock TRL (seeds 0-2), and
       continuous_trl          its `continuous` mix: learning runs whose completions run to max_completion_length (24
                               tokens; the random model rarely ends one and only some groups reward shortness):
@@ -23,7 +24,9 @@ Labelled logs:
       nonfinite               the demo's length penalty (TRL's soft overlong punishment, 48 tokens) returning inf for
                               the 15th generation batch, with grad_reg=skip_nonfinite: nonfinite
   * synthetic logs: a healthy GRPO run's metrics with noise (5 seeds × logging every step or every 5 steps × with or
-    without beta and policy groups) and, on that base, each failure kind injected (3 seeds each).
+    without beta and policy groups) and, on that base, each failure kind injected (3 seeds each; a collapse to empty
+    completions also leaves no signal). Every log is read as a whole run (`diagnose(..., ended=True)`), as
+    `trl-grpo-ext doctor` reads a run folder.
 A finding counts as a detection when its kind is among the log's labels, as a false alarm otherwise. The real runs take
 about 6 minutes; `--runs FILE` reuses their logs from an earlier `--save-runs FILE` (`--rerun NAME ...` makes those
 again). `demo_seed{1,2}` and `no_noise_trl_s{1,2}` were added after the thresholds were set, as a check on them.
@@ -73,6 +76,7 @@ def synthetic_log(failure: str | None, seed: int, steps: int = 150, every: int =
     generation = 0.7 * step_time
     peak = np.minimum.accumulate(np.full(steps, 14.0)) + 0.1 * np.arange(steps) / steps
     length = 150 + rng.normal(0, 10, steps)
+    reward_std = np.full(steps, 0.45)
     group_frac = {name: np.clip(0.3 + rng.normal(0, 0.08, steps), 0, 1) for name in ("easy", "medium", "hard")}
     group_reward = {"easy": 0.8 + 0.1 * accuracy, "medium": accuracy, "hard": accuracy / 2}
     if failure == "no_signal":  # all-wrong: nothing solved from the start
@@ -107,15 +111,16 @@ def synthetic_log(failure: str | None, seed: int, steps: int = 150, every: int =
         generation = 0.95 * step_time
     elif failure == "memory":
         peak = np.where(late, 23.4, peak)
-    elif failure == "collapse":  # a learning rate that wrecks the model: empty answers, nothing right
+    elif failure == "collapse":  # a learning rate that wrecks the model: empty answers, all scored alike
         length = np.where(late, np.abs(rng.normal(0.3, 0.2, steps)), length)
-        accuracy = np.where(late, 0.0, accuracy)
+        accuracy, format_ = np.where(late, 0.0, accuracy), np.where(late, 0.0, format_)
+        frac, reward_std = np.where(late, 1.0, frac), np.where(late, 0.0, reward_std)
     reward = accuracy + format_
     rows = []
     for i in range(every - 1, steps, every):
         window = slice(i - every + 1, i + 1)
         row = {"step": int(t[i]), "loss": 0.01, "grad_norm": float(grad[i]), "learning_rate": 1e-5,
-               "reward": float(reward[window].mean()), "reward_std": 0.45,
+               "reward": float(reward[window].mean()), "reward_std": float(reward_std[window].mean()),
                "frac_reward_zero_std": float(frac[window].mean()),
                "rewards/accuracy_reward/mean": float(accuracy[window].mean()),
                "rewards/format_reward/mean": float(format_[window].mean()),
@@ -149,7 +154,10 @@ def synthetic_set() -> list[dict]:
     for failure in FAILURES:
         for seed in range(3):
             # a format-only run's reward stops rising once the format is learnt: it plateaus too
-            labels = [failure, "reward_plateau"] if failure == "format_only" else [failure]
+            # a collapsed run's completions all score alike: no signal either
+            labels = {"format_only": [failure, "reward_plateau"], "collapse": [failure, "no_signal"]}.get(
+                failure, [failure]
+            )
             logs.append({"name": f"{failure}_s{seed}", "source": "synthetic", "labels": labels,
                          "rows": synthetic_log(failure, 100 + seed, every=1 + 4 * (seed == 2))})  # fmt: skip
     return logs
@@ -237,7 +245,10 @@ def _nonfinite_run(tmp: str) -> list[dict]:
 
 
 REAL_RUNS = {
-    "demo": [], "demo_seed1": [], "demo_seed2": [], "demo_kl": [],
+    # the demo as shipped ends without signal (its last 5-9 steps: frac_reward_zero_std 1, as its dashboard shows),
+    # but with beta 0.04 (its last 2 only): labelled from their logs in issue #30, when a state a run ends in
+    # became a finding
+    "demo": ["no_signal"], "demo_seed1": ["no_signal"], "demo_seed2": ["no_signal"], "demo_kl": [],
     "no_noise_trl": ["truncation"], "no_noise_trl_s1": ["truncation"], "no_noise_trl_s2": ["truncation"],
     "continuous_trl": ["truncation"],
     "no_noise_groups": [GROUP, "truncation"], "collapse_trl_s0": ["entropy_collapse", "no_signal", "truncation"],

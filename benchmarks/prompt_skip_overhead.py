@@ -28,6 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trl_grpo_ext.prompt_skip.history import NEVER  # noqa: E402
 from trl_grpo_ext.prompt_skip.skipping import (  # noqa: E402
+    count_evidence,
+    hopeless_base,
     keep_for_layout,
     keep_probability,
     layout_quantum,
@@ -58,7 +60,9 @@ def main() -> None:
     for _ in range(args.repeats):
         start = time.perf_counter()
         rows = torch.randint(0, args.prompts, (args.batch,), generator=generator)
-        probability = prompt_keep_probability(state.history, rows, state.base, state.best_reward, 3, 0.05, groups)
+        hopeless = hopeless_base(state.evidence)  # as with prompt_skip_hopeless (its cost included)
+        probability = prompt_keep_probability(state.history, rows, state.base, hopeless, state.best_reward, 3, 0.05,
+                                              groups)  # fmt: skip
         draws = torch.rand(args.batch, dtype=torch.float64, generator=state.decision_generator())
         kept = keep_for_layout(draws < probability, probability, layout_quantum(args.generations, 1, 1))
         skipped = rows[~kept]
@@ -67,6 +71,7 @@ def main() -> None:
         rewards = torch.randint(0, 2, (int(kept.sum()), args.generations), generator=generator).double()
         lengths = torch.full((int(kept.sum()), args.generations), 200.0)
         state.history.observe(rows[kept], rewards, lengths, step=1)
+        state.evidence = count_evidence(state.evidence, kept[kept], kept[kept], rewards.std(dim=1) > 0)
         no_refill.append(time.perf_counter() - start)
     state.history.last_step[~seen] = NEVER
     decisions = state.decision_generator()

@@ -203,6 +203,12 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
         print(format_table(results))
         print(f"Saved {path}")
         warning = collapse_warning(results, training_args.learning_rate)
+        if warning and script_args.tiny_model:  # what the CPU demo's model learns: not a wrecked pretrained model
+            warning = (
+                f"Note: {results['empty_completions']:.0%} of the evaluation's completions are empty: the tiny random "
+                "model learns to end its completions at once (the length penalty is the only reward it can earn); "
+                "with a pretrained model this would be a collapse"
+            )
         if warning:
             print(warning)
     trainer.accelerator.wait_for_everyone()
