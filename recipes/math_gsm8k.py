@@ -42,6 +42,7 @@ from trl_grpo_ext.gsm8k.data import load_gsm8k, synthetic_gsm8k, to_grpo_rows
 from trl_grpo_ext.gsm8k.evaluation import collapse_warning, evaluate_gsm8k, format_table, write_results
 from trl_grpo_ext.gsm8k.rewards import REWARD_FUNCS
 from trl_grpo_ext.requirements import check_optional_dependencies, deepspeed_requested
+from trl_grpo_ext.resume import last_complete_checkpoint
 from trl_grpo_ext.tiny_model import save_tiny_model
 
 
@@ -226,8 +227,9 @@ def clear_earlier_run(output_dir: str) -> list[str]:
     the names removed."""
     found = [name for name in RUN_FILES if (Path(output_dir) / name).is_file()]
     if found:
-        print(f"{output_dir} holds an earlier run ({', '.join(found)}): replacing it; to continue that run instead, "
-              "add --resume_from_checkpoint true")  # fmt: skip
+        resumable = last_complete_checkpoint(output_dir)[0] is not None
+        how = "; to continue that run instead, add --resume_from_checkpoint true" if resumable else ""
+        print(f"{output_dir} holds an earlier run ({', '.join(found)}): replacing it{how}")
         for name in found:
             (Path(output_dir) / name).unlink()
     return found

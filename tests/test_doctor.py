@@ -117,6 +117,12 @@ def test_a_run_that_ends_without_signal_is_a_finding_though_shorter_than_a_windo
     assert "over steps 32-40" in finding.evidence and finding.step == 40
     assert checks_found(rows, "no_signal") == []  # not ended: not yet
     assert [f.check for f in diagnose(log(40), ended=True).findings] == []  # the healthy twin
+    # the demo itself: the top of the reward range is the length penalty's 0, the accuracy reward is 0: not "solved"
+    for row in rows:
+        row["rewards/gsm8k_accuracy/mean"] = 0.0
+    [demo] = [f for f in diagnose(rows, {"num_generations": 4}, ended=True).findings if f.check == "no_signal"]
+    assert "(best reward, no accuracy)" in demo.title and "gsm8k_accuracy 0" in demo.evidence
+    assert "raise num_generations (now 4) so that some completion is right" in demo.suggestion
 
 
 @pytest.mark.parametrize(("lengths", "found"), [([40.0, 0.4, 0.0], True), ([40.0, 30.0, 0.0], False),

@@ -247,8 +247,11 @@ def test_a_new_run_in_an_earlier_runs_folder_says_so_and_leaves_nothing_stale(tm
     argv = ["--config", str(REPO_ROOT / "recipes/configs/demo_cpu.yaml"), "--output_dir", str(out),
             "--synthetic_problems", "16", "--max_steps", "1", "--eval_limit", "0"]  # fmt: skip
     recipe.main(*recipe.make_parser().parse_args_and_config(argv))
-    assert f"{out} holds an earlier run (training_metrics.jsonl, policy_groups.png, doctor.png): replacing it" in (
-        capsys.readouterr().out
+    printed = capsys.readouterr().out
+    # no checkpoint to resume from in that folder: the line does not suggest resuming
+    assert (
+        f"{out} holds an earlier run (training_metrics.jsonl, policy_groups.png, doctor.png): replacing it\n"
+        in printed
     )
     assert not (out / "doctor.png").exists() and (out / "policy_groups.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "training_metrics.jsonl").read_text() != "earlier" and (out / "notes.txt").read_text() == "earlier"

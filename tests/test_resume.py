@@ -243,6 +243,9 @@ def test_no_complete_checkpoint_is_a_clear_error(tmp_path, tiny_model_dir):
     trainer, _ = build_trainer({}, tiny_model_dir, str(tmp_path / "empty"))
     with pytest.raises(ValueError, match="no complete checkpoint-N folder in output_dir="):
         trainer.train(resume_from_checkpoint=True)
+    # a path with nothing there is not "incomplete" (issue #30's fresh-user check): it is not a folder
+    with pytest.raises(ValueError, match=r"checkpoint-99' is not a folder; give a checkpoint-N folder"):
+        trainer.train(resume_from_checkpoint=str(tmp_path / "empty" / "checkpoint-99"))
 
 
 def test_manifest_lists_every_file_with_its_size(tmp_path):

@@ -319,6 +319,11 @@ class GRPOTrainer(TRLContact):
                 )
             resume_from_checkpoint = path
         elif isinstance(resume_from_checkpoint, str | os.PathLike):
+            if not os.path.isdir(resume_from_checkpoint):
+                raise ValueError(
+                    f"resume_from_checkpoint={str(resume_from_checkpoint)!r} is not a folder; give a checkpoint-N "
+                    "folder of the run, or True for the newest complete one in output_dir"
+                )
             problem = checkpoint_problem(resume_from_checkpoint)
             if problem is not None:
                 raise ValueError(f"resume_from_checkpoint={str(resume_from_checkpoint)!r} is incomplete: {problem}")

@@ -23,6 +23,10 @@ NO_SIGNAL_FIX = {
     "all-wrong": "the prompts are too hard for the model as it is: raise num_generations{G} so that some completion "
     "succeeds, start on easier prompts (policy groups by difficulty with policy_group_warmup_steps), raise "
     "temperature{T}, and check the reward function on a correct answer written by hand",
+    "best reward, no accuracy": "every completion gets the best total reward the run has seen, but no accuracy: the "
+    "other reward functions (format, length) are all the model earns, and the task gives it nothing to learn from: "
+    "raise num_generations{G} so that some completion is right, start on easier prompts, and check the accuracy "
+    "reward on a correct answer written by hand",
     "all-correct": "the prompts are solved: train on harder ones, set prompt_skip=True to skip the prompts whose "
     "generation groups all agree, or stop the run here",
     "mixed": "set prompt_skip=True (skips, before generation, the prompts whose generation groups all agree: fewer "
@@ -61,8 +65,12 @@ def no_signal(run: Run) -> list[Finding] | Skip:
             level = low = high = float("nan")
         kind = _direction(level, low, high)
         first_step, last_step = steps[end - width + 1], steps[end]
-        per_function = [f"{name} {mean_between(run, f'rewards/{name}/mean', first_step, last_step):.3g}"
-                        for name in run.keys_like("rewards/", "/mean")]  # fmt: skip
+        means = {name: mean_between(run, f"rewards/{name}/mean", first_step, last_step)
+                 for name in run.keys_like("rewards/", "/mean")}  # fmt: skip
+        per_function = [f"{name} {mean:.3g}" for name, mean in means.items()]
+        accuracy = [mean for name, mean in means.items() if "accuracy" in name.lower() or "correct" in name.lower()]
+        if kind == "all-correct" and accuracy and max(accuracy) < value("accuracy_flat"):
+            kind = "best reward, no accuracy"  # the top of the range is made of the other rewards (the CPU demo)
         findings.append(Finding(
             "no_signal", "run",
             f"no learning signal{where} ({kind}): the completions of a prompt all get the same reward",
