@@ -69,7 +69,6 @@ def streak_keep(
 
 EVIDENCE_DECAY = 0.95  # each generation batch, the visits counted before weigh this much less: the run moves on
 HOPELESS_PRIOR = 8.0  # visits at the reference rate a never-informative prompt's measured rate starts from
-VISITS, INFORMATIVE, AFTER_INFORMATIVE, INFORMATIVE_AFTER_INFORMATIVE = range(4)  # the rows of `count_evidence`
 
 
 def count_evidence(
