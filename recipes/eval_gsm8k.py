@@ -16,6 +16,7 @@ folder, bad data, an unknown option: "did you mean `--max_new_tokens`?") prints 
 (`trl_grpo_ext.entry_points`).
 """
 
+import json
 import os
 import sys
 
@@ -34,6 +35,7 @@ from trl_grpo_ext.gsm8k.evaluation import (
     evaluate_gsm8k,
     format_table,
     load_model_for_eval,
+    run_chat_template_kwargs,
     write_results,
 )
 
@@ -50,6 +52,11 @@ class EvalArguments:
     dtype: str = field(default="auto", metadata={"help": "Weights dtype: auto, bfloat16, float16, float32."})
     seed: int = field(default=42, metadata={"help": "Random seed (maj@k sampling)."})
     output_file: str | None = field(default=None, metadata={"help": "JSON results path."})
+    chat_template_kwargs: str | None = field(
+        default=None,
+        metadata={"help": "JSON object the chat template is rendered with, as training's GRPOConfig field, e.g. "
+                  "'{\"enable_thinking\": false}'. Default: the run's chat_template_kwargs.json, else none."},
+    )  # fmt: skip
 
     def __post_init__(self):
         if self.limit is not None and self.limit < 1:
@@ -58,16 +65,35 @@ class EvalArguments:
             raise ValueError(f"batch_size ({self.batch_size}) and max_new_tokens ({self.max_new_tokens}) must be >= 1")
         if self.maj_k > 1 and self.temperature <= 0:
             raise ValueError(f"maj_k={self.maj_k} samples completions, so temperature must be > 0: {self.temperature}")
+        if self.chat_template_kwargs is not None:
+            try:
+                parsed = json.loads(self.chat_template_kwargs)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"chat_template_kwargs={self.chat_template_kwargs!r} is not JSON ({error})") from None
+            if not isinstance(parsed, dict):
+                raise ValueError(f"chat_template_kwargs={self.chat_template_kwargs!r} must be a JSON object")
+
+
+def chat_template_kwargs_of(args: EvalArguments) -> dict:
+    """The chat template's keyword arguments: `--chat_template_kwargs`, else the run's, else none; says which."""
+    if args.chat_template_kwargs is not None:
+        return json.loads(args.chat_template_kwargs)
+    found = run_chat_template_kwargs(args.model_name_or_path)
+    if found is None:
+        return {}
+    kwargs, path = found
+    print(f"Prompts formatted as in training, with chat_template_kwargs {kwargs} (from {path})")
+    return kwargs
 
 
 def main(args: EvalArguments) -> dict:
     entry_points.check_model_path("model_name_or_path", args.model_name_or_path)  # a missing folder fails here
     dataset = load_gsm8k("test", args.dataset_path, limit=args.limit)  # fails on bad data before loading the model
+    chat_template_kwargs = chat_template_kwargs_of(args)
     set_seed(args.seed)
     model, tokenizer = load_model_for_eval(args.model_name_or_path, dtype=args.dtype)
-    results = evaluate_gsm8k(
-        model, tokenizer, dataset, args.max_new_tokens, args.batch_size, maj_k=args.maj_k, temperature=args.temperature
-    )
+    results = evaluate_gsm8k(model, tokenizer, dataset, args.max_new_tokens, args.batch_size, maj_k=args.maj_k,
+                             temperature=args.temperature, chat_template_kwargs=chat_template_kwargs)  # fmt: skip
     results["model"] = args.model_name_or_path
     output_file = args.output_file
     if output_file is None:

@@ -39,7 +39,13 @@ from trl_grpo_ext.callbacks import MetricsTableCallback
 from trl_grpo_ext.consumer_gpu import presets
 from trl_grpo_ext.generation.checks import model_setting_problem
 from trl_grpo_ext.gsm8k.data import load_gsm8k, synthetic_gsm8k, to_grpo_rows
-from trl_grpo_ext.gsm8k.evaluation import collapse_warning, evaluate_gsm8k, format_table, write_results
+from trl_grpo_ext.gsm8k.evaluation import (
+    collapse_warning,
+    evaluate_gsm8k,
+    format_table,
+    save_chat_template_kwargs,
+    write_results,
+)
 from trl_grpo_ext.gsm8k.rewards import REWARD_FUNCS
 from trl_grpo_ext.requirements import check_optional_dependencies, deepspeed_requested
 from trl_grpo_ext.resume import last_complete_checkpoint
@@ -180,6 +186,8 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
     resume = training_args.resume_from_checkpoint
     if not resume and trainer.accelerator.is_main_process:
         clear_earlier_run(training_args.output_dir)
+    if trainer.accelerator.is_main_process:  # for recipes/eval_gsm8k.py: prompts as training formats them
+        save_chat_template_kwargs(training_args.chat_template_kwargs, training_args.output_dir)
     try:
         trainer.train(resume_from_checkpoint=True if str(resume).lower() == "true" else resume)
     except KeyboardInterrupt:  # Ctrl-C: the entry point says which checkpoint is complete and how to resume
@@ -199,6 +207,7 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
             eval_dataset,
             max_new_tokens=training_args.max_completion_length,
             batch_size=script_args.eval_batch_size,
+            chat_template_kwargs=training_args.chat_template_kwargs,  # prompts as training formatted them
         )
         path = write_results(results, training_args.output_dir)
         print(format_table(results))
@@ -218,7 +227,8 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
 
 
 # what a run of this recipe writes into output_dir besides the model and checkpoints (doctor.png: the doctor command)
-RUN_FILES = ("training_metrics.jsonl", "training_curves.png", "policy_groups.png", "doctor.png", "eval_results.json")
+RUN_FILES = ("training_metrics.jsonl", "training_curves.png", "policy_groups.png", "doctor.png", "eval_results.json",
+             "chat_template_kwargs.json")  # fmt: skip
 
 
 def clear_earlier_run(output_dir: str) -> list[str]:

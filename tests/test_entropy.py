@@ -448,3 +448,42 @@ def test_completions_masked_as_truncated_stay_out_of_every_entropy_term(tmp_path
         assert row["entropy_reg/penalized_frac"] == pytest.approx(int(0.5 * tokens) / tokens)
     shift = (advantages - trainer._buffered_inputs[0]["advantages"])[~truncated]
     assert row["entropy_reg/advantage_shift"] == pytest.approx(shift.mean().item(), rel=1e-5)
+
+
+class _EntropyMaskSpy(GRPOTrainer):
+    """Records, at each training loss computation, Clip-Cov's/KL-Cov's tokens and the tokens TRL's policy loss keeps
+    under `top_entropy_quantile` (its `get_high_entropy_mask`, on the same entropies)."""
+
+    def hook_get_per_token_logps_and_entropies(self, **kwargs):
+        batch = self._loss_batch
+        result = super().hook_get_per_token_logps_and_entropies(**kwargs)
+        if batch is not None and kwargs.get("compute_entropy") and self.model.training:
+            mask = batch["completion_mask"]
+            kept = self.get_high_entropy_mask(result[1], mask, 1 - self.top_entropy_quantile)
+            self.seen.append((self.features["entropy_reg"]._capture[2].clone(), kept, mask.clone()))
+        return result
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+@pytest.mark.parametrize("mode", ["kl_cov", "clip_cov"])
+def test_clip_cov_and_kl_cov_pick_only_tokens_the_entropy_quantile_keeps(tmp_path, tiny_model_dir, mode, accumulation):
+    """Issue #32.7: with `top_entropy_quantile` < 1, TRL's policy loss keeps only the tokens at or above the entropy
+    quantile (arXiv:2506.01939); Clip-Cov and KL-Cov pick among those, their ratio of those (before: 25 of 30
+    penalized tokens lay outside), chosen over the accumulation window as without the quantile."""
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=1, per_device_train_batch_size=8 // accumulation,
+                                          gradient_accumulation_steps=accumulation),
+                      entropy_reg=[mode], top_entropy_quantile=0.2, clip_cov_lb=-1e9, clip_cov_ub=1e9,
+                      clip_cov_ratio=0.5, kl_cov_ratio=0.5)  # fmt: skip
+    trainer = _EntropyMaskSpy(tiny_model_dir, length_reward, args, _dataset())
+    trainer.seen = []
+    trainer.train()
+    assert len(trainer.seen) == accumulation
+    chosen = torch.cat([c for c, _, _ in trainer.seen])
+    kept = torch.cat([k for _, k, _ in trainer.seen])
+    tokens = int(torch.cat([m for _, _, m in trainer.seen]).sum())
+    assert int(chosen.sum()) > 0 and not (chosen & ~kept).any()  # every picked token is one the policy loss keeps
+    # half of the kept tokens (a fifth of all): an unrestricted pick of half of all tokens could not fit inside
+    assert int(kept.sum()) < 0.5 * tokens
+    if mode == "kl_cov":  # the top half of the kept tokens, and the logged fraction is over the scored tokens
+        assert int(chosen.sum()) == int(0.5 * int(kept.sum()))
+        assert trainer.state.log_history[0]["entropy_reg/penalized_frac"] == pytest.approx(int(chosen.sum()) / tokens)

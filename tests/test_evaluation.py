@@ -42,7 +42,7 @@ def test_evaluate_gsm8k_figures_by_hand(monkeypatch):
     greedy = [["so \\boxed{5}"], ["the answer is 2"], ["\\boxed{6}"], ["hmm"]]
     sampled = [["\\boxed{5}", "\\boxed{5}", "\\boxed{4}"], ["2", "\\boxed{2.0}", "3"], ["\\boxed{9}"] * 3, ["?"] * 3]
 
-    def fake_generate(model, tokenizer, prompts, max_new_tokens, batch_size, num_samples=1, temperature=0.0):
+    def fake_generate(model, tokenizer, prompts, max_new_tokens, batch_size, num_samples=1, *sampling, **options):
         assert [p[0]["content"] for p in prompts] == ["q0", "q1", "q2", "q3"]
         return greedy if num_samples == 1 else sampled
 
@@ -83,7 +83,7 @@ def test_results_keep_every_completion_with_its_question_answer_and_score(monkey
     greedy = [["so \\boxed{5}"], ["the answer is 2"], ["\\boxed{6}"], ["hmm"]]
     sampled = [["\\boxed{5}", "\\boxed{5}", "\\boxed{4}"], ["2", "\\boxed{2.0}", "3"], ["\\boxed{9}"] * 3, ["?"] * 3]
 
-    def fake_generate(model, tokenizer, prompts, max_new_tokens, batch_size, num_samples=1, temperature=0.0):
+    def fake_generate(model, tokenizer, prompts, max_new_tokens, batch_size, num_samples=1, *sampling, **options):
         return greedy if num_samples == 1 else sampled
 
     monkeypatch.setattr(evaluation, "generate", fake_generate)
@@ -133,6 +133,48 @@ def test_generate_is_batched_and_greedy(tiny_model_dir):
     assert one_batch == small_batches  # left padding: a prompt's greedy completion does not depend on its batch
     with pytest.raises(ValueError, match="num_samples=2 needs temperature > 0"):
         evaluation.generate(model, tokenizer, prompts, num_samples=2, temperature=0.0)
+
+
+THINKING_TEMPLATE = (  # a Qwen3-style switch: thinking off opens the answer with an empty think block
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}<|assistant|>"
+    "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}"
+)
+
+
+def test_prompts_are_formatted_with_the_runs_chat_template_kwargs(tiny_model_dir, monkeypatch):
+    """Issue #32.5 (TRL PR #4350): training renders prompts with `GRPOConfig.chat_template_kwargs`; the evaluation's
+    greedy and maj@k prompts are rendered with the same ones, token for token as TRL's own rendering."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir, padding_side="left")
+    tokenizer.chat_template = THINKING_TEMPLATE
+    prompts = [[{"role": "user", "content": "What is 2 + 2?"}]]
+    seen = []
+    generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kw: seen.append(kw["input_ids"][0].tolist()) or generate(**kw))
+    dataset = Dataset.from_list([{"prompt": prompts[0], "answer": "4"}])
+
+    results = evaluate_gsm8k(model, tokenizer, dataset, max_new_tokens=2, maj_k=2, temperature=1.0,
+                             chat_template_kwargs={"enable_thinking": False})  # fmt: skip
+    evaluate_gsm8k(model, tokenizer, dataset, max_new_tokens=2)
+
+    trained_on = tokenizer.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True,
+                                               enable_thinking=False)["input_ids"][0]  # fmt: skip
+    assert seen[0] == seen[1] == list(trained_on)  # greedy and maj@k, as TRL's trainer renders it
+    assert tokenizer.decode(seen[0]).endswith("<|assistant|><think></think>")
+    assert not tokenizer.decode(seen[2]).endswith("</think>")  # without the kwargs: thinking on
+    assert results["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_a_runs_chat_template_kwargs_are_found_from_the_run_or_a_checkpoint(tmp_path):
+    assert evaluation.save_chat_template_kwargs({}, str(tmp_path)) is None  # nothing to say: no file
+    assert evaluation.run_chat_template_kwargs(str(tmp_path)) is None
+    path = evaluation.save_chat_template_kwargs({"enable_thinking": False}, str(tmp_path))
+    (tmp_path / "checkpoint-4").mkdir()
+    for folder in (tmp_path, tmp_path / "checkpoint-4"):
+        assert evaluation.run_chat_template_kwargs(str(folder)) == ({"enable_thinking": False}, path)
+    Path(path).write_text("[1]")
+    with pytest.raises(ValueError, match="holds list, not a JSON object: fix or delete it"):
+        evaluation.run_chat_template_kwargs(str(tmp_path))
 
 
 def test_adapter_folder_is_merged_into_its_base(tiny_model_dir, tmp_path):

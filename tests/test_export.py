@@ -206,6 +206,61 @@ def test_qlora_adapter_is_merged_into_the_full_precision_base(tiny_model_dir, pr
     assert (qlora_logits - base_4bit_logits).abs().max() > 3 * 2 * quantization_error
 
 
+# adapters of a base whose output layer shares its weight with the input embeddings (the tiny model, as Qwen2.5
+# 0.5B-3B): (LoraConfig settings, whether the export is saved untied)
+TIED_ADAPTERS = {
+    "lora_embed_tokens": ({"target_modules": ["q_proj", "v_proj", "embed_tokens"]}, True),  # the issue's
+    "lora_lm_head": ({"target_modules": ["q_proj", "lm_head"]}, True),
+    "lora_both": ({"target_modules": ["q_proj", "embed_tokens", "lm_head"]}, True),
+    "modules_to_save_embed_tokens": ({"target_modules": ["q_proj"], "modules_to_save": ["embed_tokens"]}, True),
+    "trainable_tokens": ({"target_modules": ["q_proj"], "trainable_token_indices": [3, 5, 7]}, False),
+    "no_embedding": ({"target_modules": ["q_proj", "v_proj"]}, False),
+}
+
+
+def _tied_adapter_run(tiny_model_dir, settings: dict, run_dir: Path) -> torch.Tensor:
+    """A run dir with an adapter of `settings` on the tied tiny model, every trainable weight moved off its initial
+    value; returns the adapter model's logits on 16 tokens."""
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    assert base.get_output_embeddings().weight is base.get_input_embeddings().weight  # tied
+    config = LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, task_type="CAUSAL_LM", **settings)
+    model = get_peft_model(base, config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.requires_grad and "lora_" not in name:  # a modules_to_save copy, trainable tokens
+                parameter.add_(torch.randn_like(parameter))
+    _save_like_the_recipe(model, AutoTokenizer.from_pretrained(tiny_model_dir), run_dir, checkpoint=False)
+    return _logits(model, torch.arange(3, 19)[None])
+
+
+@pytest.mark.parametrize("kind", TIED_ADAPTERS)
+def test_an_adapter_of_tied_embeddings_exports_the_adapter_models_logits(kind, tiny_model_dir, tmp_path, capsys):
+    settings, untied = TIED_ADAPTERS[kind]
+    expected = _tied_adapter_run(tiny_model_dir, settings, tmp_path / "run")
+
+    out = export_merged(tmp_path / "run", tmp_path / "out", dtype="float32")
+
+    merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    torch.testing.assert_close(_logits(merged, torch.arange(3, 19)[None]), expected, rtol=1e-5, atol=1e-4)
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is not untied
+    with safe_open(out / "model.safetensors", "pt") as weights:
+        assert ("lm_head.weight" in weights.keys()) is untied  # both weights written when untied
+    said = capsys.readouterr().out
+    assert ("the export is saved untied" in said) is (kind.startswith("lora_"))
+
+
+def test_a_merge_that_would_change_the_logits_is_refused(tiny_model_dir, tmp_path, monkeypatch):
+    """Without untying, a LoRA on tied embeddings merges into both (the issue's export: logits off by up to 20.7);
+    the probe check refuses it, one line, and writes nothing."""
+    _tied_adapter_run(tiny_model_dir, TIED_ADAPTERS["lora_embed_tokens"][0], tmp_path / "run")
+    monkeypatch.setattr("trl_grpo_ext.export.untie_adapted_embeddings", lambda model: None)
+
+    with pytest.raises(ValueError, match=r"the merged model's logits differ from the adapter model's by up to \d"):
+        export_merged(tmp_path / "run", tmp_path / "out", dtype="float32")
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
 def test_missing_run_dir_is_one_line(tmp_path, capsys):
     missing = tmp_path / "no-such-run"
 

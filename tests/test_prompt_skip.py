@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from datasets import Dataset
+from datasets import Dataset, IterableDataset
 from torch.testing import assert_close
 
 from tests.conftest import small_grpo_kwargs
@@ -515,8 +515,61 @@ def test_two_processes_resume_exactly(two_process_runs):
     assert resume_diff(two_process_runs["prompt_skip"], resume_step=3) == 0.0
 
 
-def test_an_iterable_dataset_is_refused_before_the_model_loads(tmp_path):
-    dataset = _half_solved(4).to_iterable_dataset()
+@pytest.mark.parametrize(
+    ("settings", "feature"),
+    [
+        ({"prompt_skip": True}, "prompt_skip"),
+        ({"policy_group_column": "task"}, "policy_group_column"),
+        ({"policy_group_features": "tfidf"}, "policy_group_features"),
+        ({}, "policy_group_fn"),
+        ({"prompt_skip": True, "policy_group_column": "task"}, "policy_group_column"),
+    ],
+)
+@pytest.mark.parametrize("source", ["to_iterable_dataset", "from_generator"])
+def test_an_iterable_dataset_is_refused_before_the_model_loads(tmp_path, settings, feature, source):
+    """Issue #32.4: every setting that keeps statistics per row refuses an IterableDataset (with known columns, or
+    from a generator: none known) in one line naming the setting and the fix, before the model loads (a model id that
+    does not exist would fail the load)."""
+    rows = _half_solved(4).to_list()
+    dataset = (Dataset.from_list(rows).to_iterable_dataset() if source == "to_iterable_dataset"
+               else IterableDataset.from_generator(lambda: iter(rows)))  # fmt: skip
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path), remove_unused_columns=False, **settings)
+    fn = {"policy_group_fn": lambda row: row["task"]} if feature == "policy_group_fn" else {}
+    with pytest.raises(ValueError) as error:
+        GRPOTrainer("no-such/model-would-load", [_SeenPrompts()], args, dataset, **fn)
+    assert str(error.value) == (
+        f"{feature} keeps statistics per dataset row, so it needs a map-style datasets.Dataset as train_dataset, "
+        "got IterableDataset: build one with Dataset.from_generator(...) or Dataset.from_list(...), or switch "
+        f"{feature} off"
+    )
+
+
+def _reads_the_row(completions, policy_group_row, **kwargs) -> list[float]:
+    """A reward function that declares the row index column (no default): 1.0 for even rows."""
+    _reads_the_row.rows.extend(policy_group_row)
+    return [float(row % 2 == 0) for row in policy_group_row]
+
+
+@pytest.mark.parametrize("settings", [{"prompt_skip": True}, {"policy_group_column": "task"}])
+def test_a_reward_function_may_name_the_row_column(tmp_path, tiny_model_dir, settings):
+    """Issue #32.6: the docs say reward functions receive `policy_group_row` while policy grouping or prompt skipping
+    is on; one that names it as a parameter trains (before: refused at init, the column check ran before the column
+    was added) and gets the dataset rows the prompts came from."""
+    _reads_the_row.rows = []
+    dataset = _half_solved(8)
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=2), remove_unused_columns=False, **settings)
+    GRPOTrainer(tiny_model_dir, [_reads_the_row], args, dataset).train()
+    rows = _reads_the_row.rows
+    assert len(rows) == 2 * 8 and set(rows) <= set(range(len(dataset)))
+    assert all(rows[i : i + 4] == [rows[i]] * 4 for i in range(0, len(rows), 4))  # one row per generation group
+
+
+def test_the_row_column_is_named_as_missing_where_it_is_not_added(tmp_path):
+    dataset = _half_solved(4)
+    with pytest.raises(ValueError, match=r"needs the dataset column 'policy_group_row', which is added only while "
+                       "policy grouping or prompt_skip is on"):  # fmt: skip
+        GRPOTrainer("no-such/model-would-load", [_reads_the_row], GRPOConfig(**small_grpo_kwargs(tmp_path)), dataset)
     args = GRPOConfig(**small_grpo_kwargs(tmp_path), prompt_skip=True, remove_unused_columns=False)
-    with pytest.raises(ValueError, match="prompt_skip needs a map-style datasets.Dataset as train_dataset, got"):
-        GRPOTrainer("no-such/model-would-load", [_SeenPrompts()], args, dataset)
+    with pytest.raises(ValueError, match=r"which is added to the training dataset only .* give the parameter a "
+                       r"default \(policy_group_row=None\)"):  # fmt: skip
+        GRPOTrainer("no-such/model-would-load", [_reads_the_row], args, dataset, eval_dataset=dataset)

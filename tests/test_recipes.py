@@ -182,6 +182,38 @@ def test_eval_script_on_eight_test_problems(gsm8k_dir, tiny_model_dir, tmp_path)
     assert [s["completion"] for s in again["samples"]] == [s["completion"] for s in saved["samples"]]
 
 
+def test_the_recipe_and_the_eval_script_format_prompts_as_training_did(gsm8k_dir, tmp_path, monkeypatch, capsys):
+    """Issue #32.5: `--chat_template_kwargs` reaches the recipe's end-of-run evaluation and, through the run folder's
+    chat_template_kwargs.json, `recipes/eval_gsm8k.py` on the run or one of its checkpoints; a flag given wins."""
+    recipe = load_recipe("math_gsm8k")
+    seen = []
+
+    def spy(evaluate):
+        return lambda *args, **kwargs: seen.append(kwargs["chat_template_kwargs"]) or evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(recipe, "evaluate_gsm8k", spy(recipe.evaluate_gsm8k))
+    out = tmp_path / "run"
+    argv = [
+        "--config", str(REPO_ROOT / "recipes/configs/demo_cpu.yaml"), "--output_dir", str(out), "--synthetic_problems",
+        "8", "--max_steps", "1", "--save_strategy", "steps", "--save_steps", "1", "--eval_limit", "2",
+        "--chat_template_kwargs", '{"enable_thinking": false}',
+    ]  # fmt: skip
+    recipe.main(*recipe.make_parser().parse_args_and_config(argv))
+    assert seen == [{"enable_thinking": False}]
+    assert json.loads((out / "chat_template_kwargs.json").read_text()) == {"enable_thinking": False}
+
+    evaluate = load_recipe("eval_gsm8k")
+    monkeypatch.setattr(evaluate, "evaluate_gsm8k", spy(evaluate.evaluate_gsm8k))
+    for model, flag in [(out, None), (out / "checkpoint-1", None), (out, '{"enable_thinking": true}')]:
+        evaluate.main(evaluate.EvalArguments(model_name_or_path=str(model), dataset_path=str(gsm8k_dir), limit=1,
+                                             max_new_tokens=2, chat_template_kwargs=flag))  # fmt: skip
+    assert seen[1:] == [{"enable_thinking": False}, {"enable_thinking": False}, {"enable_thinking": True}]
+    said = capsys.readouterr().out
+    assert f"with chat_template_kwargs {{'enable_thinking': False}} (from {out / 'chat_template_kwargs.json'})" in said
+    with pytest.raises(ValueError, match="chat_template_kwargs='true' must be a JSON object"):
+        evaluate.EvalArguments(model_name_or_path=str(out), chat_template_kwargs="true")
+
+
 def test_eval_script_loads_a_lora_adapter_folder(gsm8k_dir, tiny_model_dir, tmp_path):
     from peft import LoraConfig, get_peft_model
 

@@ -213,7 +213,7 @@ class GRPOConfig(TRLGRPOConfig):
             {ENTROPY_REG_MODES}
             Needs TRL's `entropy_coef=0` and `use_adaptive_entropy=False`; `clip_cov` needs a PPO-clipped
             `loss_type` with `importance_sampling_level="token"`. The `target` bonus acts on all completion tokens,
-            also when `top_entropy_quantile < 1`.
+            also when `top_entropy_quantile < 1`; `clip_cov` and `kl_cov` pick among the tokens it keeps.
         entropy_target_per_group (`bool`, *optional*, defaults to `False`):
             With `target` and policy groups: one controller and coefficient per policy group, each holding its own
             group's entropy at `entropy_target`.

@@ -35,7 +35,7 @@ def reward_columns(reward_func) -> list[str]:
     ]
 
 
-def check_dataset_columns(dataset, reward_funcs, args, eval_dataset=None) -> None:
+def check_dataset_columns(dataset, reward_funcs, args, eval_dataset=None, row_column: bool = False) -> None:
     """Check that `dataset` has each column the reward functions and `args.policy_group_column` read, and that
     `eval_dataset` has each column the reward functions read (TRL scores evaluation completions with them too).
 
@@ -45,6 +45,8 @@ def check_dataset_columns(dataset, reward_funcs, args, eval_dataset=None) -> Non
         reward_funcs: a reward function, a model id, a model, or a list of these, as `GRPOTrainer` takes them.
         args: the `GRPOConfig`.
         eval_dataset: the evaluation dataset, or a dict of them by name, as `GRPOTrainer` takes it (or None).
+        row_column: whether the trainer adds `ROW_COLUMN` to the training dataset (policy grouping or prompt
+            skipping is on), so that a reward function may read it there.
 
     Raises:
         ValueError: a training dataset with no row; or naming the column, the reward function (or
@@ -57,9 +59,9 @@ def check_dataset_columns(dataset, reward_funcs, args, eval_dataset=None) -> Non
             "removed every row)"
         )
     evaluation = eval_dataset.items() if isinstance(eval_dataset, dict) else [(None, eval_dataset)]
-    _check_reward_columns(dataset, reward_funcs, args, "training dataset")
+    _check_reward_columns(dataset, reward_funcs, args, "training dataset", row_column)
     for name, data in evaluation:
-        _check_reward_columns(data, reward_funcs, args, "evaluation dataset" + (f" {name!r}" if name else ""))
+        _check_reward_columns(data, reward_funcs, args, "evaluation dataset" + (f" {name!r}" if name else ""), False)
     columns = getattr(dataset, "column_names", None)
     column = getattr(args, "policy_group_column", None)
     if columns is not None and column is not None and column not in columns:
@@ -68,8 +70,9 @@ def check_dataset_columns(dataset, reward_funcs, args, eval_dataset=None) -> Non
         )
 
 
-def _check_reward_columns(dataset, reward_funcs, args, which: str) -> None:
-    """`check_dataset_columns` for the reward functions' columns of one dataset, called `which` in the error."""
+def _check_reward_columns(dataset, reward_funcs, args, which: str, row_column: bool) -> None:
+    """`check_dataset_columns` for the reward functions' columns of one dataset, called `which` in the error;
+    `row_column`: the trainer adds `ROW_COLUMN` to it."""
     columns = getattr(dataset, "column_names", None)
     if dataset is None or columns is None:
         return
@@ -77,6 +80,16 @@ def _check_reward_columns(dataset, reward_funcs, args, which: str) -> None:
     for func in funcs:
         name = getattr(func, "__name__", type(func).__name__)
         for column in reward_columns(func):
+            if column == ROW_COLUMN and column not in columns:
+                if row_column:
+                    continue  # added by the trainer, after this check
+                where = (
+                    "is added only while policy grouping or prompt_skip is on"
+                    if which == "training dataset"
+                    else "is added to the training dataset only (evaluation rows have no statistics): give the "
+                    f"parameter a default ({ROW_COLUMN}=None) to score evaluation completions"
+                )
+                raise ValueError(f"reward function {name!r} needs the dataset column {column!r}, which {where}")
             if column not in columns or column in NOT_PASSED_ON:
                 raise ValueError(
                     f"reward function {name!r} needs the dataset column {column!r}, which the {which} does "
@@ -98,7 +111,12 @@ def with_row_column(dataset, needed_by: str):
     """
     # an IterableDataset has `add_column` too, but no length and no row to index
     if dataset is None or not hasattr(dataset, "add_column") or not hasattr(dataset, "__len__"):
-        raise ValueError(f"{needed_by} needs a map-style datasets.Dataset as train_dataset, got {type(dataset)}")
+        got = "no train_dataset" if dataset is None else type(dataset).__name__
+        raise ValueError(
+            f"{needed_by} keeps statistics per dataset row, so it needs a map-style datasets.Dataset as "
+            f"train_dataset, got {got}: build one with Dataset.from_generator(...) or Dataset.from_list(...), or "
+            f"switch {needed_by} off"
+        )
     if ROW_COLUMN in dataset.column_names:
         raise ValueError(f"the training dataset already has a column named {ROW_COLUMN!r}, which {needed_by} uses")
     return dataset.add_column(ROW_COLUMN, list(range(len(dataset))))

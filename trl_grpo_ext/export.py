@@ -15,7 +15,12 @@ complete `checkpoint-N` folder holding one (checkpoints whose save did not finis
 The merge: the base named by `adapter_config.json`'s `base_model_name_or_path` (or `base_model=`) is loaded on the
 CPU in float32, the adapter applied with PEFT and folded in with `merge_and_unload`, W' = W + s B A for every
 adapted (out, in) weight W, B (out, r), A (r, in), s = alpha / r (LoRA, arXiv:2106.09685, eq. 3 and section 4.1;
-alpha / sqrt(r) with rsLoRA), and the result cast to the output dtype: one rounding of W + s B A. This needs about
+alpha / sqrt(r) with rsLoRA), and the result cast to the output dtype: one rounding of W + s B A. Where a LoRA adapts
+the input embeddings or the output layer of a base that ties the two, they are untied first
+(`untie_adapted_embeddings`): the merge then changes only the adapted one, as in training, and the export is saved
+untied (`tie_word_embeddings=false`, both weights written). The merged model's logits on a 16-token probe are checked
+against the adapter model's (within `MERGE_TOLERANCE` of their largest value) before anything is written: a merge
+that does not compute what the adapter model did is refused with a ValueError. This needs about
 4 bytes of RAM per parameter (about 6 GiB for a 1.5B model) and no GPU. A QLoRA adapter (trained on a 4-bit NF4
 base, arXiv:2305.14314) is merged the same way, into the original full-precision weights, never into 4-bit ones:
 4-bit weights cannot hold W + s B A, and the output is for serving in 16 bits. The merged model then differs from
@@ -173,6 +178,49 @@ def _prepare_out_dir(out_dir: Path, force: bool, inputs: list[Path]) -> list[str
     return []
 
 
+def untie_adapted_embeddings(peft_model) -> str | None:
+    """Give the output layer its own copy of the weight it shares with the input embeddings (`tie_word_embeddings`,
+    as Qwen2.5 0.5B-3B and the tiny model) when a LoRA layer adapts either, so that merging changes only the module
+    the adapter adapted, as in training.
+
+    A LoRA on `embed_tokens` adds s·BA to the input embeddings only, while the tied output layer goes on using W (and a
+    LoRA on `lm_head` the other way round): merged into the one shared weight, it would change both, and the model,
+    saved tied, would compute other logits (PEFT #2018, #2777). PEFT's `modules_to_save` and trainable tokens handle
+    tied weights themselves and are left alone.
+
+    Returns:
+        The adapted module names (e.g. "model.embed_tokens") when it untied them (the config then says
+        `tie_word_embeddings=False`), else None.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    model = peft_model.get_base_model()
+    inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
+    base_of = lambda module: module.get_base_layer() if isinstance(module, LoraLayer) else module  # noqa: E731
+    if outputs is None or base_of(outputs).weight is not base_of(inputs).weight:
+        return None
+    adapted = [name for name, module in model.named_modules() if module in (inputs, outputs)
+               and isinstance(module, LoraLayer)]  # fmt: skip
+    if not adapted:
+        return None
+    base_of(outputs).weight = torch.nn.Parameter(base_of(inputs).weight.detach().clone())
+    model.config.tie_word_embeddings = False
+    model.config.get_text_config().tie_word_embeddings = False
+    return ", ".join(adapted)
+
+
+# the merged model's logits on a probe must match the adapter model's within this, relative to their largest value
+MERGE_TOLERANCE = 1e-3
+
+
+def _probe_logits(model, vocab_size: int) -> torch.Tensor:
+    """(1, 16, V) float32 logits of a fixed 16-token probe."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab_size, (1, 16), generator=generator)
+    with torch.no_grad():
+        return model(input_ids=ids).logits.float()
+
+
 def _first_with(folders: list[Path], filename: str) -> Path | None:
     return next((folder for folder in folders if (folder / filename).is_file()), None)
 
@@ -235,7 +283,20 @@ def export_merged(
         from peft import PeftModel
 
         base = AutoModelForCausalLM.from_pretrained(name, revision=revision, dtype=torch.float32)
-        model = PeftModel.from_pretrained(base, str(source.path)).merge_and_unload(safe_merge=True)
+        adapter_model = PeftModel.from_pretrained(base, str(source.path)).eval()
+        untied = untie_adapted_embeddings(adapter_model)
+        if untied:
+            say(f"The adapter adapts {untied}, which the base ties to its output layer: the export is saved untied "
+                "(tie_word_embeddings=false, both weights written), as the adapter model computes")  # fmt: skip
+        vocab_size = base.get_input_embeddings().weight.shape[0]
+        expected = _probe_logits(adapter_model, vocab_size)
+        model = adapter_model.merge_and_unload(safe_merge=True)
+        error = (_probe_logits(model, vocab_size) - expected).abs().max().item()
+        if not error <= MERGE_TOLERANCE * max(1.0, expected.abs().max().item()):
+            raise ValueError(
+                f"{source.path}: the merged model's logits differ from the adapter model's by up to {error:.3g} on a "
+                "probe, so it is not exported; serve the adapter on its base instead (vllm serve BASE --enable-lora)"
+            )
         tokenizer_source = _first_with(folders, "tokenizer_config.json") or name
     else:
         config = _load_config(str(source.path), f"the model in {source.path}")

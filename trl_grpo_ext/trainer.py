@@ -160,13 +160,17 @@ class GRPOTrainer(TRLContact):
         grouping = policy_grouping_requested(args) or policy_group_fn is not None
         check_policy_group_setup(args, grouping)
         eval_dataset = more[0] if more else kwargs.get("eval_dataset")
-        check_dataset_columns(train_dataset, reward_funcs, args, eval_dataset)  # before the model is loaded
+        rows_kept = grouping or args.prompt_skip  # both keep statistics per dataset row
+        check_dataset_columns(train_dataset, reward_funcs, args, eval_dataset, rows_kept)  # before the model loads
         given = _TRL_INIT.bind_partial(None, model, reward_funcs, args, train_dataset, *more, **kwargs).arguments
         problem = multi_turn_problem(args, bool(given.get("tools") or given.get("environment_factory")))
         if problem is not None:
             raise ValueError(problem)
-        if grouping or args.prompt_skip:  # both keep statistics per dataset row
-            train_dataset = with_row_column(train_dataset, "policy grouping" if grouping else "prompt_skip")
+        if rows_kept:
+            settings = {"policy_group_column": args.policy_group_column, "policy_group_features":
+                        args.policy_group_features, "policy_group_fn": policy_group_fn}  # fmt: skip
+            needed_by = next((name for name, value in settings.items() if value is not None), "prompt_skip")
+            train_dataset = with_row_column(train_dataset, needed_by)
         super().__init__(model, reward_funcs, args, train_dataset, *more, **kwargs)
         self.policy_group_fn = policy_group_fn
         self.run_already_complete = False  # set by `train`

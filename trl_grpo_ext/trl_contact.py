@@ -258,6 +258,16 @@ def loss_mask(batch: dict) -> torch.Tensor:
     return batch["completion_mask"] if "tool_mask" not in batch else batch["completion_mask"] * batch["tool_mask"]
 
 
+def high_entropy_mask(trainer: TRLGRPOTrainer, entropies: torch.Tensor, batch: dict) -> torch.Tensor | None:
+    """(B, T) bool: the tokens of `batch` TRL's policy loss keeps under `top_entropy_quantile` < 1 (arXiv:2506.01939:
+    those at or above the quantile of the token entropies `entropies` (B, T) over every process: TRL's
+    `get_high_entropy_mask`, a collective all processes must call), None at 1 (TRL keeps every token)."""
+    quantile = trainer.top_entropy_quantile
+    if quantile >= 1.0:
+        return None
+    return trainer.get_high_entropy_mask(entropies, loss_mask(batch), 1 - quantile)
+
+
 def micro_step(trainer: TRLGRPOTrainer) -> int:
     """TRL's count of training micro-steps (forward-backward passes) since the start, checkpointed by us."""
     return trainer._step

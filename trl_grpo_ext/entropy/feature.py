@@ -26,7 +26,14 @@ import logging
 import torch
 
 from ..features import Feature, Regroup
-from ..trl_contact import buffered_inputs, loss_mask, metrics, micro_step, per_token_logps_and_entropies
+from ..trl_contact import (
+    buffered_inputs,
+    high_entropy_mask,
+    loss_mask,
+    metrics,
+    micro_step,
+    per_token_logps_and_entropies,
+)
 from . import covariance
 from .modes import ENTROPY_REG_MODES, LossTerms
 
@@ -141,7 +148,10 @@ class EntropyReg(Feature):
             if plan is not None and plan["chosen"] is not None:
                 chosen = plan["chosen"][plan["index"]]  # chosen with the rest of the window
             else:  # the window's part (or the evaluation batch) is this batch alone
-                chosen = self._choose_tokens([logps], [batch], 0 if plan is None else plan["before"])[0]
+                masks = [self._pickable(batch, entropies)]
+                chosen = self._choose_tokens([logps], [batch], 0 if plan is None else plan["before"], masks)[0]
+                if plan is not None:
+                    plan["picked_from"] = int(masks[0].sum())
         for mode in self.modes:
             logps = mode.adjust_logps(logps, chosen)
         self._capture = (logps, entropies, chosen)
@@ -214,7 +224,7 @@ class EntropyReg(Feature):
             same_step = plan is not None and plan["key"][0] == optimizer_step
             before = plan["before"] + plan["picked_from"] if same_step else 0
             tokens = sum(int(loss_mask(batch).sum()) for batch in batches)
-            picked_from = sum(int(_advantage_mask(batch).sum()) for batch in batches)
+            picked_from = sum(int(_advantage_mask(batch).sum()) for batch in batches)  # the part's own, if alone
             device = inputs["completion_mask"].device
             total = trainer.accelerator.reduce(torch.tensor(float(tokens), device=device), reduction="sum").item()
             normalizer = total * size / len(batches) / trainer.accelerator.num_processes
@@ -222,38 +232,52 @@ class EntropyReg(Feature):
                     "chosen": None}  # fmt: skip
             self.plan = plan
             if len(batches) > 1 and self.picker is not None:
-                plan["chosen"] = self._choose_tokens(*self._window_logps(model, batches), before)
+                logps, seen, masks = self._window_logps(model, batches)
+                plan["chosen"] = self._choose_tokens(logps, seen, before, masks)
+                plan["picked_from"] = sum(int(mask.sum()) for mask in masks)
         plan["index"] = step - start
 
+    def _pickable(self, batch: dict, entropies: torch.Tensor | None) -> torch.Tensor:
+        """(B, T) the tokens Clip-Cov and KL-Cov may pick and count: those of scored completions in TRL's loss mask
+        (`_advantage_mask`) that TRL's policy loss keeps under `top_entropy_quantile` < 1 (`high_entropy_mask`:
+        elsewhere the policy gradient is zero, so clipping or penalizing a token there would spend the ratio on a
+        token the update does not move). `entropies` (B, T), or None when TRL computed none (then no restriction)."""
+        mask = _advantage_mask(batch)
+        kept = None if entropies is None else high_entropy_mask(self.trainer, entropies, batch)
+        return mask if kept is None else mask * kept.to(mask.dtype)
+
     @torch.no_grad()
-    def _window_logps(self, model, batches: list[dict]) -> tuple[list[torch.Tensor], list[dict]]:
+    def _window_logps(self, model, batches: list[dict]) -> tuple[list[torch.Tensor], list[dict], list[torch.Tensor]]:
         """The policy's log-probabilities (B_j, T) of the completions of each of `batches`, without gradient (the
-        policy does not change within an accumulation window), and the batches with the advantages TRL's loss will
-        see (shifted by the modes that shift them). Runs before TRL's loss, so no feature sees these log-probabilities
-        as the policy's in the loss (`trainer.hook_get_per_token_logps_and_entropies`)."""
+        policy does not change within an accumulation window), the batches with the advantages TRL's loss will see
+        (shifted by the modes that shift them), and the tokens each lets Clip-Cov and KL-Cov pick (`_pickable`).
+        Runs before TRL's loss, so no feature sees these log-probabilities as the policy's in the loss
+        (`trainer.hook_get_per_token_logps_and_entropies`)."""
         trainer = self.trainer
         shift = bool(self.shifters)
-        logps, seen = [], []
+        entropy = shift or trainer.top_entropy_quantile < 1.0
+        logps, seen, masks = [], [], []
         device = batches[0]["completion_ids"].device
         # Dropout in this pass must not move the random stream that the gradient pass (and a 16x1 run) draws from.
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type):
             for batch in batches:
-                result = per_token_logps_and_entropies(trainer, model, batch, compute_entropy=shift)
+                result = per_token_logps_and_entropies(trainer, model, batch, compute_entropy=entropy)
                 if shift:
                     batch = {**batch, "advantages": self._shifted(batch, result[1])}
                 logps.append(result[0])
                 seen.append(batch)
-        return logps, seen
+                masks.append(self._pickable(batch, result[1]))
+        return logps, seen, masks
 
-    def _choose_tokens(self, logps: list[torch.Tensor], batches: list[dict], before: int) -> list[torch.Tensor]:
+    def _choose_tokens(self, logps: list[torch.Tensor], batches: list[dict], before: int,
+                       masks: list[torch.Tensor]) -> list[torch.Tensor]:  # fmt: skip
         """The picking mode's tokens (B_j, T) in each of `batches`, chosen over all of them at once: the covariance
         (`covariance.token_covariance`) of the policy's log-probabilities `logps` (B_j, T) and the batches'
         advantages, centred by their means over all of them and all processes; `before` tokens of the same optimizer
-        step came earlier (`covariance.window_token_count`). Only tokens of scored completions (`_advantage_mask`)
-        are counted, centred over and chosen: an unscored completion's advantage is TRL's 0, not a measurement. The
-        draw and the ranking see the tokens in the same order however the batches are split, so the choice is that of
-        one batch holding them all."""
-        masks = [_advantage_mask(batch) for batch in batches]
+        step came earlier (`covariance.window_token_count`). Only the tokens of `masks` (B_j, T) (`_pickable`: of
+        scored completions, as an unscored completion's advantage is TRL's 0, not a measurement; and kept by
+        `top_entropy_quantile`) are counted, centred over and chosen. The draw and the ranking see the tokens in the
+        same order however the batches are split, so the choice is that of one batch holding them all."""
         mask, all_logps = torch.cat(masks), torch.cat(logps)  # (R, T), R = Σ B_j
         advantages = torch.cat([batch["advantages"] for batch in batches])  # (R,) or (R, T)
         cov = covariance.token_covariance(all_logps, advantages, self._global_means(all_logps, advantages, mask))

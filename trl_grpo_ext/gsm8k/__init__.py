@@ -3,5 +3,7 @@ its features imports this.
 
 * `data`: loading `openai/gsm8k` (or local JSONL files) into GRPO rows, synthetic problems for tests, difficulty bins.
 * `rewards`: reward functions (answer accuracy with math-verify, strict accuracy, format).
+* `bounded`: each answer's check within a time bound on any thread (math-verify's own timeout needs the main thread).
+* `answer_worker`: the worker process `bounded` checks answers in off the main thread.
 * `evaluation`: greedy and majority-vote accuracy of a model on GSM8K.
 """

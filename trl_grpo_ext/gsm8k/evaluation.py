@@ -8,6 +8,11 @@ problem and scores the most frequent extracted answer. Lenient accuracy and the 
 `evaluate_gsm8k` keeps every completion: one record a problem with its question, gold answer, greedy completion and,
 with maj@k, its k samples, each with the answer extracted from it and whether that answer is right
 (`write_results` saves them as JSON).
+
+Prompts are formatted as TRL's trainer formats them for training: the tokenizer's chat template with
+`add_generation_prompt=True` and the run's `chat_template_kwargs` (e.g. `{"enable_thinking": False}`). The recipe
+saves those in `<output_dir>/chat_template_kwargs.json` (`save_chat_template_kwargs`), where `recipes/eval_gsm8k.py`
+finds them for a run folder or one of its checkpoints (`run_chat_template_kwargs`).
 """
 
 import json
@@ -52,11 +57,13 @@ def generate(
     batch_size: int = 16,
     num_samples: int = 1,
     temperature: float = 0.0,
+    chat_template_kwargs: dict | None = None,
 ) -> list[list[str]]:
     """Complete every chat prompt `num_samples` times; return `len(prompts)` lists of `num_samples` texts.
 
     `temperature == 0` is greedy decoding (then `num_samples` must be 1). Prompts are rendered with the tokenizer's
-    chat template and generated `batch_size` at a time with left padding.
+    chat template and `chat_template_kwargs` (as TRL's trainer renders them: training's
+    `GRPOConfig.chat_template_kwargs` make the same prompts) and generated `batch_size` at a time with left padding.
 
     Raises:
         ValueError: `temperature == 0` with `num_samples > 1` (every greedy sample would be the same).
@@ -67,7 +74,8 @@ def generate(
     sampling = (
         {"do_sample": True, "temperature": temperature, "top_p": 1.0} if temperature > 0 else {"do_sample": False}
     )
-    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    kwargs = chat_template_kwargs or {}
+    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True, **kwargs) for p in prompts]
     outputs: list[list[str]] = []
     for start in range(0, len(texts), batch_size):
         batch = tokenizer(
@@ -150,15 +158,19 @@ def evaluate_gsm8k(
     batch_size: int = 16,
     maj_k: int = 0,
     temperature: float = 0.7,
+    chat_template_kwargs: dict | None = None,
 ) -> dict:
     """Greedy pass@1 (strict and lenient) and, when `maj_k > 1`, maj@k accuracy on GSM8K rows.
 
     Args:
         dataset: rows with `prompt` (chat messages) and `answer` (gold number string), as `data.load_gsm8k` gives.
         maj_k: samples per problem for the majority vote, at `temperature`; 0 or 1 skips it.
+        chat_template_kwargs: what the chat template is rendered with, as in training (`GRPOConfig`'s field): a
+            thinking-off model (`{"enable_thinking": False}`) is evaluated thinking off.
 
     Returns:
-        `{"num_problems", "strict_accuracy", "lenient_accuracy", "empty_completions", ["maj@k"], "samples": [...]}`;
+        `{"num_problems", "strict_accuracy", "lenient_accuracy", "empty_completions", "chat_template_kwargs",
+        ["maj@k"], "samples": [...]}`;
         accuracies and `empty_completions` (the greedy completions that are empty or blank) are fractions in [0, 1].
         `samples` keeps every completion, one record a problem: `question`, `answer` (gold), the greedy
         `completion` with its `strict_answer` (a final `\\boxed{}`) and `lenient_answer` (None when
@@ -168,7 +180,8 @@ def evaluate_gsm8k(
     """
     prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
     n = max(len(prompts), 1)
-    greedy = [texts[0] for texts in generate(model, tokenizer, prompts, max_new_tokens, batch_size)]
+    greedy = [texts[0] for texts in generate(model, tokenizer, prompts, max_new_tokens, batch_size,
+                                             chat_template_kwargs=chat_template_kwargs)]  # fmt: skip
     questions = [question_of(prompt) for prompt in prompts]
     records = [greedy_record(*row) for row in zip(questions, answers, greedy, strict=True)]
     results = {
@@ -176,14 +189,50 @@ def evaluate_gsm8k(
         "strict_accuracy": sum(record["strict"] for record in records) / n,
         "lenient_accuracy": sum(record["lenient"] for record in records) / n,
         "empty_completions": sum(not text.strip() for text in greedy) / n,
+        "chat_template_kwargs": dict(chat_template_kwargs or {}),
     }
     if maj_k > 1:
-        sampled = generate(model, tokenizer, prompts, max_new_tokens, batch_size, maj_k, temperature)
+        sampled = generate(model, tokenizer, prompts, max_new_tokens, batch_size, maj_k, temperature,
+                           chat_template_kwargs)  # fmt: skip
         for record, texts in zip(records, sampled, strict=True):
             record[f"maj@{maj_k}"] = vote_record(record["answer"], texts)
         results[f"maj@{maj_k}"] = sum(record[f"maj@{maj_k}"]["correct"] for record in records) / n
     results["samples"] = records
     return results
+
+
+CHAT_TEMPLATE_KWARGS_FILE = "chat_template_kwargs.json"
+
+
+def save_chat_template_kwargs(chat_template_kwargs: dict | None, output_dir: str) -> str | None:
+    """Write a run's `chat_template_kwargs` to `<output_dir>/chat_template_kwargs.json` (nothing when empty), so that
+    an evaluation of the run formats its prompts as training did. Returns the path written, or None."""
+    if not chat_template_kwargs:
+        return None
+    path = os.path.join(output_dir, CHAT_TEMPLATE_KWARGS_FILE)
+    os.makedirs(output_dir, exist_ok=True)
+    Path(path).write_text(json.dumps(chat_template_kwargs, indent=1) + "\n")
+    return path
+
+
+def run_chat_template_kwargs(model_path: str) -> tuple[dict, str] | None:
+    """The `chat_template_kwargs` a run was trained with, for a run folder or a checkpoint in one: (kwargs, the file
+    they were read from), or None when neither `model_path` nor its parent folder has the file (a model that was not
+    trained by the recipe, or trained without them).
+
+    Raises:
+        ValueError: the file is not a JSON object."""
+    for folder in (Path(model_path), Path(model_path).parent):
+        path = folder / CHAT_TEMPLATE_KWARGS_FILE
+        if path.is_file():
+            try:
+                kwargs = json.loads(path.read_text())
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path} is not JSON ({error}): fix or delete it") from None
+            if not isinstance(kwargs, dict):
+                raise ValueError(f"{path} holds {type(kwargs).__name__}, not a JSON object: fix or delete it")
+            return kwargs, str(path)
+    return None
 
 
 def write_results(results: dict, output_dir: str, name: str = "eval_results.json") -> str:

@@ -8,6 +8,9 @@ such a completion scores 0.0.
 Answers are compared with math-verify (``parse`` + ``verify``), as TRL's ``trl/rewards/accuracy_rewards.py`` does;
 this module only locates the final answer (the last ``\boxed{...}``, else the last number of the running text once
 LaTeX and Markdown around it are removed, see `_running_text`) and normalises thousands separators.
+A relation, set, sign choice, negation or hedge is not a number (`not_a_number`: ``\boxed{x \neq 42}`` is not 42).
+Each answer's check runs within `bounded.ANSWER_TIMEOUT_S` seconds on any thread (math-verify's own timeout works
+only in the main thread); an answer given up on scores 0.0 and the call logs how many it gave up on.
 
 Sources:
     - GSM8K: Cobbe et al., "Training Verifiers to Solve Math Word Problems", arXiv:2110.14168.
@@ -18,7 +21,6 @@ Sources:
 import html
 import logging
 import re
-import threading
 import unicodedata
 from collections.abc import Callable
 from fractions import Fraction
@@ -28,6 +30,10 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 from math_verify.errors import TimeoutException
 
 from ..messages import message_text
+from . import bounded
+from .bounded import run_bounded
+
+logger = logging.getLogger(__name__)
 
 # Only the last `_MAX_PARSE_CHARS` characters of a completion are searched for an answer, and a `\boxed{` group
 # must close within that many characters: keeps a reward call on a 1 MB completion in the milliseconds.
@@ -36,9 +42,6 @@ _MAX_PARSE_CHARS = 4096
 # stripping whitespace) allowed after it, e.g. "$." or " dollars.".
 _MIN_REASONING_CHARS = 20
 _MAX_TRAILING_CHARS = 40
-# math-verify timeouts in seconds (signal.alarm, main thread only).
-_PARSE_TIMEOUT_S = 5
-_VERIFY_TIMEOUT_S = 5
 
 _BOXED = "\\boxed"
 # A thousands separator between digit groups: "," "{,}" "\," "\;" "\:" "\!" "\ " "~", a space, a no-break space
@@ -106,22 +109,39 @@ _TOUCHING_PUNCT = re.compile(r"(?<=[:;#\"'\u201c\u2018<|])(?=-?\d)")
 # Factorials and powers are never a GSM8K answer, and sympy can take unbounded time on "9!!!" or "9^9^9" (math-verify
 # has no timeout outside the main thread): such an answer is not evaluated.
 _UNBOUNDED = re.compile(r"!|\^")
+# Not a numeric answer (Math-Verify #14): a relation other than "=" ("x \\neq 42", "42 < x", "x \\approx 42"), a
+# negation, a set, a sign choice, or candidates and hedges in words ("\\text{not } 42", "at least 42", "42 or more",
+# "42 or 43"). "x = 42" and "n = 42" are numeric answers.
+_RELATION_COMMAND = re.compile(
+    r"\\(?:neq?|lt|gt|leq?|geq?|leqq|geqq|leqslant|geqslant|lesssim|gtrsim|nless|ngtr|approx|approxeq|sim|simeq|"
+    r"cong|equiv|propto|ll|gg|not|neg|lnot|in|notin|ni|subset|subseteq|supset|supseteq|pm|mp|lor|land|vee|wedge|"
+    r"lbrace|mid)(?![a-zA-Z])"
+)
+# < > and their Unicode relatives: not equal, (not) less or greater, approximately, similar, congruent, identical,
+# proportional, element of, plus-minus, not
+_RELATION_CHARS = (
+    "<>\u2260\u2264\u2265\u2266\u2267\u2248\u2243\u2245\u2261\u223c\u2272\u2273\u221d\u2208\u2209\u00b1\u2213\u00ac"
+)
+_RELATION_SYMBOL = re.compile(rf"[{_RELATION_CHARS}]|!=|\\\{{")
+_HEDGES = r"about|around|approximately|roughly|nearly|almost|over|under|above|below|least|most|than"
+_HEDGE_WORD = re.compile(
+    rf"\b(?:not|no|never|except|or|nor|either|neither)\b|\b(?:{_HEDGES})\b(?=[^0-9a-z]*-?\d)", re.IGNORECASE
+)
+# In running text, what stands right before or after the last number when that number is not the answer ("x is not
+# 42", "so 42 < x", "42 or more"); `_running_text` writes every relation command as "\u2260", which survives it.
+_HEDGE_BEFORE = re.compile(rf"(?:[{_RELATION_CHARS}]|!=|\b(?:not|never|except|{_HEDGES}))[\s$*]*$", re.IGNORECASE)
+_HEDGE_AFTER = re.compile(rf"[\s$*]*(?:[{_RELATION_CHARS}]|!=|or\s+(?:more|less|fewer|so)\b)", re.IGNORECASE)
 _GOLD_LINE = re.compile(r"^####[ \t]*(.*?)[ \t]*$", re.MULTILINE)
 
 _LATEX_CONFIG = LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=False)
 _EXPR_CONFIG = ExprExtractionConfig()
 
 
-def _timeouts() -> tuple[int | None, int | None]:
-    """(parse, verify) timeouts in seconds; both None outside the main thread, where signal.alarm cannot run.
-
-    As in TRL's ``accuracy_reward``, math-verify's "timeout is disabled" warnings are silenced in that case.
-    """
-    if threading.current_thread() is threading.main_thread():
-        return _PARSE_TIMEOUT_S, _VERIFY_TIMEOUT_S
+def _quiet_math_verify() -> None:
+    """Silence math-verify's "timeout is disabled" warnings: its own timeouts are off here, `bounded` bounds each
+    answer's check instead (as TRL's ``accuracy_reward`` silences them in a worker thread)."""
     logging.getLogger("math_verify.parser").setLevel(logging.ERROR)
     logging.getLogger("math_verify.grader").setLevel(logging.ERROR)
-    return None, None
 
 
 def _closing_brace(text: str, open_index: int) -> int | None:
@@ -185,16 +205,28 @@ def extract_final_answer(text: str, strict: bool = False) -> str | None:
     """
     if not isinstance(text, str):
         return None
+    return bounded_one(_extract_final_answer, (text, strict), None, "extract_final_answer")
+
+
+def _extract_final_answer(text: str, strict: bool) -> str | None:
+    """`extract_final_answer` without its time bound."""
     tail = ascii_digits(text[-_MAX_PARSE_CHARS:])
     boxed = _last_boxed(tail)
     if boxed is not None or strict:
         return boxed
     try:
         plain = _UNBOUNDED.sub(" ", _running_text(tail))  # "It is 72!" -> "It is 72 "
-        parsed = parse(plain, extraction_config=[_EXPR_CONFIG], parsing_timeout=_timeouts()[0])
+        parsed = parse(plain, extraction_config=[_EXPR_CONFIG], parsing_timeout=None)
     except (Exception, TimeoutException):
         return None
-    return next((p.strip() for p in parsed if isinstance(p, str)), None)
+    answer = next((p.strip() for p in parsed if isinstance(p, str)), None)
+    at = plain.rfind(answer) if answer else -1
+    if at >= 0:
+        before = plain[:at]
+        named = before.rstrip(" \t$*").endswith("=")  # "y = 42 > x": y is 42
+        if _HEDGE_BEFORE.search(before) or (not named and _HEDGE_AFTER.match(plain, at + len(answer))):
+            return None  # "x is not 42", "so 42 < x", "42 or more": a relation or a hedge, not the answer
+    return answer
 
 
 def _running_text(text: str) -> str:
@@ -216,7 +248,7 @@ def _running_text(text: str) -> str:
     text = _LIST_COMMA.sub(", ", text)
     text = _FRAC.sub(_fraction, text)
     text = _SIGN_MARKUP.sub(_joined_sign, _MATH_SIGN.sub(r"\1-", text))
-    text = _OPERATOR.sub(lambda m: _OPERATORS[m.group()], text)
+    text = _OPERATOR.sub(lambda m: _OPERATORS[m.group()], _RELATION_COMMAND.sub(" \u2260 ", text))
     text = _MARKUP.sub(" ", _PERCENT.sub("%", _HTML_TAG.sub(" ", text)))
     text = _EMPHASIS.sub(r" \2 ", text)
     text = _PAREN_NUMBER.sub(r" \1 ", text)
@@ -258,19 +290,28 @@ def _is_number(expr: object) -> bool:
     return isinstance(expr, sympy.Basic) and not expr.free_symbols
 
 
-def _parse_prediction(answer: str, parsing_timeout: int | None) -> list:
+def _parse_prediction(answer: str) -> list:
     r"""math-verify parse of an answer text: as the LaTeX of ``\boxed{answer}`` first, and as plain text when that
     gives no symbol-free value (``18 dollars`` reads as 18*d*o*l*l*a*r*s in LaTeX, ``18.`` does not parse).
 
     Thousands separators are removed first: math-verify reads "1\,234" and "1 234" as 235. Answers with a
     factorial or a power are not evaluated (see `_UNBOUNDED`)."""
     answer = _THOUSANDS_SEP.sub("", ascii_digits(answer))
-    if _UNBOUNDED.search(answer):
+    if _UNBOUNDED.search(answer) or not_a_number(answer):
         return []
-    latex = parse(f"{_BOXED}{{{answer}}}", extraction_config=[_LATEX_CONFIG], parsing_timeout=parsing_timeout)
+    latex = parse(f"{_BOXED}{{{answer}}}", extraction_config=[_LATEX_CONFIG], parsing_timeout=None)
     if any(_is_number(p) for p in latex):
         return latex
-    return parse(answer, extraction_config=[_EXPR_CONFIG], parsing_timeout=parsing_timeout) or latex
+    return parse(answer, extraction_config=[_EXPR_CONFIG], parsing_timeout=None) or latex
+
+
+def not_a_number(answer: str) -> bool:
+    r"""Whether an answer text is a relation, a set, a sign choice, a negation or a hedge rather than a number, so
+    that it never scores as the number it holds (Math-Verify #14): ``x \neq 42``, ``42 < x``, ``x \approx 42``,
+    ``\{42\}``, ``\pm 42``, ``\text{not } 42``, ``\text{at least } 42``, ``42 \text{ or more}``, ``42 or 43``.
+    An equation naming the value (``x = 42``, ``\text{Total} = 42``) and units (``42 \text{ dollars}``,
+    ``42 more than Tom``) are numbers."""
+    return bool(_RELATION_COMMAND.search(answer) or _RELATION_SYMBOL.search(answer) or _HEDGE_WORD.search(answer))
 
 
 def answer_is_correct(prediction: str | None, gold: str) -> bool:
@@ -283,16 +324,19 @@ def answer_is_correct(prediction: str | None, gold: str) -> bool:
     Returns:
         True if equal; False otherwise, including for an unparseable gold. Never raises.
     """
-    if prediction is None or gold is None:
+    if not isinstance(prediction, str) or gold is None:
         return False
-    parsing_timeout, verify_timeout = _timeouts()
+    return bounded_one(_answer_is_correct, (prediction, str(gold)), False, "answer_is_correct")
+
+
+def _answer_is_correct(prediction: str, gold: str) -> bool:
+    """`answer_is_correct` without its time bound."""
     try:
-        gold_text = str(gold).replace(",", "").replace("$", "")
-        gold_parsed = parse(gold_text, extraction_config=[_EXPR_CONFIG], parsing_timeout=parsing_timeout)
+        gold_text = gold.replace(",", "").replace("$", "")
+        gold_parsed = parse(gold_text, extraction_config=[_EXPR_CONFIG], parsing_timeout=None)
         if not any(_is_number(g) for g in gold_parsed):
             return False
-        pred_parsed = _parse_prediction(prediction, parsing_timeout)
-        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=verify_timeout))
+        return bool(verify(gold_parsed, _parse_prediction(prediction), timeout_seconds=None))
     except (Exception, TimeoutException):
         return False
 
@@ -300,14 +344,18 @@ def answer_is_correct(prediction: str | None, gold: str) -> bool:
 def same_answer(first: str | None, second: str | None) -> bool:
     r"""Whether two extracted answers are the same number ("18" and "\$18.00", "\frac{1}{2}" and "0.5"); False
     when either is None or does not parse. Never raises."""
-    if first is None or second is None:
+    if not isinstance(first, str) or not isinstance(second, str):
         return False
-    parsing_timeout, verify_timeout = _timeouts()
+    return bounded_one(_same_answer, (first, second), False, "same_answer")
+
+
+def _same_answer(first: str, second: str) -> bool:
+    """`same_answer` without its time bound."""
     try:
-        parsed = [_parse_prediction(answer, parsing_timeout) for answer in (first, second)]
+        parsed = [_parse_prediction(answer) for answer in (first, second)]
         if not all(any(_is_number(p) for p in candidates) for candidates in parsed):
             return False
-        return bool(verify(parsed[0], parsed[1], timeout_seconds=verify_timeout))
+        return bool(verify(parsed[0], parsed[1], timeout_seconds=None))
     except (Exception, TimeoutException):
         return False
 
@@ -335,10 +383,41 @@ def _accuracy(completions: list, answer: list[str], strict: bool) -> list[float]
         raise ValueError("answer is None: the dataset needs an 'answer' column with the gold numbers")
     if len(completions) != len(answer):
         raise ValueError(f"completions ({len(completions)}) and answer ({len(answer)}) must have the same length")
-    return [
-        float(answer_is_correct(extract_final_answer(message_text(c), strict=strict), gold))
+    _quiet_math_verify()
+    calls = [
+        (message_text(c), None if gold is None else str(gold), strict)
         for c, gold in zip(completions, answer, strict=True)
     ]
+    scores, gave_up = run_bounded(_score, calls, 0.0)
+    _say_gave_up("gsm8k_strict_accuracy" if strict else "gsm8k_accuracy", gave_up, len(calls))
+    return scores
+
+
+def _score(text: str | None, gold: str | None, strict: bool) -> float:
+    """One completion's accuracy reward, without a time bound (`run_bounded` gives it one)."""
+    if not isinstance(text, str) or gold is None:
+        return 0.0
+    prediction = _extract_final_answer(text, strict)
+    return float(prediction is not None and _answer_is_correct(prediction, gold))
+
+
+def _say_gave_up(name: str, gave_up: int, total: int) -> None:
+    if gave_up:
+        logger.warning(f"{name}: gave up on {gave_up} of {total} answers (checking each took over "
+                       f"{bounded.ANSWER_TIMEOUT_S:g} s); they count as wrong")  # fmt: skip
+
+
+def bounded_one(function: Callable, args: tuple, default, name: str):
+    """`function`(*args) within `bounded.ANSWER_TIMEOUT_S` seconds, `default` (and a warning) if it ran out of time."""
+    _quiet_math_verify()
+    (result,), gave_up = run_bounded(function, [args], default)
+    _say_gave_up(name, gave_up, 1)
+    return result
+
+
+# what the answer worker may run, by name (`bounded`)
+BOUNDED: dict[str, Callable] = {f.__name__: f for f in (_score, _extract_final_answer, _answer_is_correct,
+                                                           _same_answer)}  # fmt: skip
 
 
 def gsm8k_accuracy(completions: list, answer: list[str], **kwargs) -> list[float]:
