@@ -24,6 +24,18 @@ def variants_and_reused(ours: list[str], trl_json: str | None) -> tuple[dict, li
     return variants, reused
 
 
+def add_output_arguments(parser, workers: int = 2) -> None:
+    """`--workers`, `--json` (results already in the file are kept) and `--report`."""
+    parser.add_argument("--workers", type=int, default=workers, help=f"runs in parallel (default {workers})")
+    parser.add_argument("--json", help="write every figure to this JSON file (results already there are kept)")
+    parser.add_argument("--report", nargs="+", help="only print the report of these --json files")
+
+
+def load_results(paths: list[str]) -> list[dict]:
+    """The results of every `--json` file of `paths`, in order."""
+    return [r for path in paths for r in json.loads(Path(path).read_text())]
+
+
 def add_family_arguments(parser, seeds: list[int], max_steps: int) -> None:
     """The options both family benchmarks take, after their own `--mixes` / `--tasks`."""
     parser.add_argument("--seeds", type=int, nargs="+", default=seeds)

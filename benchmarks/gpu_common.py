@@ -53,6 +53,8 @@ def preset_config(preset: str, output_dir: str, steps: int, device: str, tiny: b
 
     overrides = ["--output_dir", output_dir, "--max_steps", str(steps), "--report_to", "none"]
     overrides += ["--save_strategy", "no", "--logging_steps", "1", "--disable_tqdm", "true", "--seed", "0"]
+    # the presets' relative entropy target measures its reference over 5 steps: a shorter run keeps a step after it
+    overrides += ["--entropy_target_window", str(max(1, min(5, steps - 1)))]
     overrides += TINY_RUN if tiny else []
     overrides += list(extra)
     training_args, model_args = presets.load_config(preset_path(preset), *overrides, use_cpu=device == "cpu")

@@ -38,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from family_common import add_output_arguments, load_results  # noqa: E402
 from policy_groups_learning import ALL_EQUAL_TASKS, run, steps_to  # noqa: E402
 
 # mix -> ({group: (task, share)}, threshold of the learnable groups' evaluation reward)
@@ -149,12 +150,10 @@ def main() -> None:
                         help="more variants: `skip` with these settings on top (tuning runs)")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--max_steps", type=int, default=120)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--json", help="write every figure to this JSON file (results already there are kept)")
-    parser.add_argument("--report", nargs="+", help="only print the report of these --json files")
+    add_output_arguments(parser)
     args = parser.parse_args()
     if args.report:
-        print(report([r for path in args.report for r in json.loads(Path(path).read_text())]))
+        print(report(load_results(args.report)))
         return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -67,6 +67,30 @@ def test_pi_controller_stays_at_its_floor_while_entropy_is_high_and_follows_regr
     assert other.coef == pi.coef and other.integral == pi.integral
 
 
+def test_relative_target_measures_each_keys_reference_then_holds_a_share_of_it():
+    """Issue #33.1: `ratio` r and a `window` of 3 steps: no target and no control while the references are measured,
+    then each key is held at r x the mean of its own measured entropies; a key not measured in the window gets r x the
+    mean reference of all keys; regroups pass the targets on, weighted; the state survives a checkpoint."""
+    pi = EntropyPI(target=None, kp=0.1, ki=0.05, bounds=(0.0, 1.0), keys=["a", "b"], ratio=0.5, window=3)
+    for step, (a, b) in enumerate([(2.0, 0.4), (1.8, 0.4), (1.6, None)], start=1):
+        pi.update({"a": a, **({"b": b} if b is not None else {})})
+        assert pi.coef == {"a": 0.0, "b": 0.0} and pi.integral == {"a": 0.0, "b": 0.0}  # measuring, no control
+        assert pi.mean_target() is None if step < 3 else pi.mean_target() is not None
+    # references: a (2.0 + 1.8 + 1.6) / 3 = 1.8 -> target 0.9; b (0.4 + 0.4) / 2 = 0.4 -> target 0.2
+    assert pi.target_of("a") == pytest.approx(0.9) and pi.target_of("b") == pytest.approx(0.2)
+    # an unmeasured key: 0.5 x (2.0 + 1.8 + 1.6 + 0.4 + 0.4) / 5 steps = 0.5 x 1.24 = 0.62
+    assert pi.target_of("c") == pytest.approx(0.62)
+    state = pi.state_dict()
+    pi.update({"a": 0.5, "b": 0.5})  # a: e = 0.4 -> 0.1*0.4 + 0.05*0.4 (falling: the horizon is 0) = 0.06; b: e < 0
+    assert pi.coef["a"] == pytest.approx(0.06) and pi.coef["b"] == 0.0
+    resumed = EntropyPI(target=None, kp=0.1, ki=0.05, bounds=(0.0, 1.0), keys=["a", "b"], ratio=0.5, window=3)
+    resumed.load_state_dict(state)
+    resumed.update({"a": 0.5, "b": 0.5})
+    assert resumed.state_dict() == pi.state_dict()  # a resumed controller continues exactly
+    pi.regroup({"a+b": {"a": 3, "b": 1}, "c": {"c": 2}})  # (0.9*3 + 0.2*1) / 4 = 0.725; c: the mean reference
+    assert pi.target_of("a+b") == pytest.approx(0.725) and pi.target_of("c") == pytest.approx(0.62)
+
+
 def test_pi_controller_integral_stays_within_the_coefficient_range():
     # ki*I is kept in [c_min, c_max] = [0, 0.3]: a long spell above the target leaves I at 0, so a later fall below
     # the target gets its bonus at once (the proportional term plus a fresh integral)
@@ -112,21 +136,41 @@ def test_completion_entropy_bonus_and_advantage_shift():
     assert_close(completion_entropy(entropies, mask), torch.tensor([2.0, 4.0]))  # (1+3)/2, (2+4+6)/3
     # (0.1*(1+3) + 0.2*(2+4+6)) / 5 tokens = (0.4 + 2.4) / 5 = 0.56
     assert_close(entropy_bonus(entropies, mask, torch.tensor([0.1, 0.2])), torch.tensor(0.56))
-    # A + tau*H: [1 + 0.5*2, -1 + 0.5*4] = [2, 1]; (B, T) advantages get the same shift on every token
-    assert_close(entropy_advantages(torch.tensor([1.0, -1.0]), entropies, mask, 0.5), torch.tensor([2.0, 1.0]))
-    shifted = entropy_advantages(torch.tensor([[1.0] * 3, [-1.0] * 3]), entropies, mask, 0.5)
-    assert_close(shifted, torch.tensor([[2.0] * 3, [1.0] * 3]))
+    # A + min(tau*H, |A|/kappa): tau*H = [0.5*2, 0.5*4] = [1, 2]
+    # kappa 2: [1 + min(1, 0.5), -1 + min(2, 0.5)] = [1.5, -0.5]; kappa 1e-6 (no clip): [1 + 1, -1 + 2] = [2, 1]
+    assert_close(entropy_advantages(torch.tensor([1.0, -1.0]), entropies, mask, 0.5), torch.tensor([1.5, -0.5]))
+    assert_close(entropy_advantages(torch.tensor([4.0, -1.0]), entropies, mask, 0.5, kappa=1.0),
+                 torch.tensor([5.0, 0.0]))  # min(1, 4) = 1; min(2, 1) = 1: the sign never flips  # fmt: skip
+    unclipped = entropy_advantages(torch.tensor([1.0, -1.0]), entropies, mask, 0.5, kappa=1e-6)
+    assert_close(unclipped, torch.tensor([2.0, 1.0]), atol=1e-5, rtol=0)
+    # (B, T) advantages: |A| per token; the same shift on every token where |A| is the same
+    shifted = entropy_advantages(torch.tensor([[1.0] * 3, [-1.0, -1.0, 0.0]]), entropies, mask, 0.5)
+    assert_close(shifted, torch.tensor([[1.5] * 3, [-0.5, -0.5, 0.0]]))
+
+
+def test_an_all_equal_generation_group_keeps_advantage_zero():
+    """Issue #33.3: GRPO gives every completion of a prompt whose completions all got the same reward advantage 0;
+    the shift min(tau*H, |A|/kappa) is 0 there (before: tau*H, up to 0.5*9 = 4.5 here, raising the likelihood of
+    failed completions in proportion to their entropy). The other group's shift is clipped at |A|/2."""
+    entropies = torch.tensor([[9.0, 9.0], [8.0, 6.0], [1.0, 1.0], [3.0, 1.0]])
+    mask = torch.ones(4, 2)
+    advantages = torch.tensor([0.0, 0.0, 0.7071, -0.7071])  # groups of 2: all equal, then one right, one wrong
+    shifted = entropy_advantages(advantages, entropies, mask, 0.5)
+    # [0, 0, 0.7071 + min(0.5, 0.3536), -0.7071 + min(1.0, 0.3536)]
+    assert shifted[:2].tolist() == [0.0, 0.0]
+    assert_close(shifted[2:], torch.tensor([1.0607, -0.3536]), atol=1e-4, rtol=0)
 
 
 def test_advantage_shift_leaves_unscored_completions_at_zero():
     entropies = torch.tensor([[1.0, 3.0], [2.0, 4.0], [5.0, 5.0]])
     mask = torch.tensor([[1, 1], [1, 1], [0, 0]])  # the third completion is masked as truncated: no tokens
     scored = torch.tensor([True, False, True])  # every reward function returned None for the second
-    # [0.5 + 0.5*2, TRL's 0 kept, 0.25 + 0.5*0 (no tokens)]: the unscored completion stays exactly 0
-    shifted = entropy_advantages(torch.tensor([0.5, 0.0, 0.25]), entropies, mask, 0.5, scored)
-    assert shifted.tolist() == [1.5, 0.0, 0.25]
-    # without the mark it would get 0.5*3 = 1.5 and move the policy (issue #13.3)
-    assert entropy_advantages(torch.tensor([0.5, 0.0, 0.25]), entropies, mask, 0.5)[1] == 1.5
+    # kappa 1e-6 (no clip): [0.5 + 0.5*2, TRL's 0 kept, 0.25 + 0.5*0 (no tokens)]: the unscored one stays exactly 0
+    shifted = entropy_advantages(torch.tensor([0.5, 0.0, 0.25]), entropies, mask, 0.5, scored, kappa=1e-6)
+    assert_close(shifted, torch.tensor([1.5, 0.0, 0.25]))
+    assert shifted[1] == 0.0
+    # without the mark the clip at |A|/kappa keeps it at 0 too (unclipped it got 0.5*3 = 1.5: issue #13.3)
+    assert entropy_advantages(torch.tensor([0.5, 0.0, 0.25]), entropies, mask, 0.5)[1] == 0.0
 
 
 def test_token_covariance_and_the_two_masks():
@@ -217,6 +261,36 @@ def test_per_group_controllers_see_only_their_groups_entropy(tmp_path, tiny_mode
     assert metrics[f"entropy_reg/{high}/entropy"] == [pytest.approx(3.0)]
 
 
+def test_relative_target_is_a_share_of_the_entropy_measured_in_the_first_steps(tmp_path, tiny_model_dir):
+    """`entropy_target_ratio` 0.9 over a window of 2 steps: the coefficient stays at its floor for 2 steps, then the
+    logged target is 0.9 x the mean of the entropy TRL logged in them (one micro-batch a step: the same tokens)."""
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=4), entropy_reg="target", entropy_target_ratio=0.9,
+                      entropy_target_window=2)  # fmt: skip
+    trainer = GRPOTrainer(tiny_model_dir, length_reward, args, _dataset())
+    trainer.train()
+    rows = trainer.state.log_history[:-1]
+    assert [row["entropy_reg/coef"] for row in rows[:2]] == [0.0, 0.0] and "entropy_reg/target" not in rows[0]
+    reference = (rows[0]["entropy"] + rows[1]["entropy"]) / 2
+    assert [row["entropy_reg/target"] for row in rows[1:]] == [pytest.approx(0.9 * reference, rel=1e-5)] * 3
+    assert trainer.entropy_reg_state.controller.targets == {"all": pytest.approx(0.9 * reference, rel=1e-5)}
+
+
+def test_relative_target_per_group_measures_each_groups_own_reference(tmp_path, tiny_model_dir):
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=2), entropy_reg="target", entropy_target_ratio=0.5,
+                      entropy_target_window=1, entropy_target_per_group=True, policy_group_column="difficulty",
+                      remove_unused_columns=False)  # fmt: skip
+    trainer = GRPOTrainer(tiny_model_dir, length_reward, args, _dataset())
+    names = trainer.policy_groups.names
+    low, high = names[:2]
+    target = trainer.features["entropy_reg"].modes[0]
+    ids = torch.tensor([names.index(low), names.index(high)])
+    target.observe(names, ids, torch.tensor([[0.4, 0.6], [3.0, 3.0]]), torch.ones(2, 2))  # the window's one step
+    controller = trainer.entropy_reg_state.controller
+    assert controller.targets == {low: pytest.approx(0.25), high: pytest.approx(1.5)}  # 0.5 x 0.5, 0.5 x 3.0
+    target.observe(names, ids, torch.tensor([[0.1, 0.1], [3.0, 3.0]]), torch.ones(2, 2))
+    assert controller.coef[low] > 0 and controller.coef[high] == 0.0  # low fell below its target, high did not
+
+
 def test_per_group_target_evaluates_with_the_mean_coefficient(tmp_path, tiny_model_dir):
     """An evaluation batch has no policy groups: it gets the mean of the groups' coefficients, and evaluation leaves
     the controllers alone."""
@@ -236,8 +310,8 @@ def test_advantage_mode_feeds_trl_the_shifted_advantages(tmp_path, tiny_model_di
     seen = []
     original = entropy_advantages
 
-    def spy(advantages, entropies, mask, tau, scored=None):
-        shifted = original(advantages, entropies, mask, tau, scored)
+    def spy(advantages, entropies, mask, tau, scored=None, kappa=2.0):
+        shifted = original(advantages, entropies, mask, tau, scored, kappa)
         seen.append((advantages.clone(), completion_entropy(entropies.detach(), mask), shifted))
         return shifted
 
@@ -247,11 +321,32 @@ def test_advantage_mode_feeds_trl_the_shifted_advantages(tmp_path, tiny_model_di
     trainer = GRPOTrainer(tiny_model_dir, length_reward, args, _dataset())
     trainer.train()
     ((advantages, entropy, shifted),) = seen
-    assert_close(shifted, advantages + 0.3 * entropy)
+    assert_close(shifted, advantages + torch.minimum(0.3 * entropy, advantages.abs() / 2))
     # loss_type grpo, on-policy (ratio 1), beta 0: TRL's loss is -mean_b(A_b), so it must be -mean(A + 0.3 H)
     assert trainer.state.log_history[0]["loss"] == pytest.approx(-shifted.mean().item(), abs=1e-5)
     # TRL reuses its buffered batch (num_iterations): it must keep the unshifted advantages (TRL got a copy)
     assert_close(trainer._buffered_inputs[0]["advantages"], advantages)
+
+
+def _first_prompt_constant(completions, **kwargs) -> list[float]:
+    """1.0 for every completion of the first prompt of each 8 (its generation group of 4 all equal: advantage 0),
+    `length_reward` for the others."""
+    return [1.0 if i % 8 < 4 else r for i, r in enumerate(length_reward(completions))]
+
+
+def test_the_advantage_mode_leaves_an_all_equal_generation_group_at_zero_in_training(tmp_path, tiny_model_dir):
+    """Issue #33.3 in a training step: TRL's loss reads advantage exactly 0 for the group whose completions all got
+    the same reward, and a shift clipped at |A|/2 for the others."""
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=1), entropy_reg="advantage", entropy_advantage_coef=0.3)
+    trainer = _LossSpy(tiny_model_dir, _first_prompt_constant, args, _dataset())
+    trainer.seen = []
+    trainer.train()
+    ((shifted, _, _, _),) = trainer.seen
+    original = trainer._buffered_inputs[0]["advantages"]  # TRL shuffled the batch: find the group by its zeros
+    equal = original == 0
+    assert int(equal.sum()) == 4 and shifted[equal].tolist() == [0.0] * 4
+    moved = shifted[~equal] - original[~equal]
+    assert (moved > 0).all() and (moved <= original[~equal].abs() / 2 + 1e-6).all()
 
 
 def test_clip_cov_detaches_the_chosen_tokens_and_logs_their_fraction(tmp_path, tiny_model_dir, monkeypatch):
@@ -351,6 +446,19 @@ def test_per_group_target_without_policy_groups_is_an_error(tmp_path, tiny_model
         ({"entropy_reg": 5}, "entropy_reg must be a list of modes .* got 5"),
         ({"entropy_reg": "clip_cov", "loss_type": "cispo"}, "clip_cov.* loss_type \\(got 'cispo'\\)"),
         ({"entropy_reg": "clip_cov", "importance_sampling_level": "sequence"}, "importance_sampling_level='token'"),
+        (  # issue #33: two targets, a ratio out of (0, 1], a window with no step after it, a ratio without the mode
+            {"entropy_reg": "target", "entropy_target": 0.6, "entropy_target_ratio": 0.3},
+            r"entropy_target=0.6 \(nats\) and entropy_target_ratio=0.3 \(of the model's own entropy\) are two "
+            "targets: set one of them",
+        ),
+        ({"entropy_reg": "target", "entropy_target_ratio": 1.5}, r"entropy_target_ratio must be .* \(0, 1\].* 1.5"),
+        ({"entropy_reg": "target", "entropy_target_ratio": 0.0}, r"entropy_target_ratio must be .* \(0, 1\].* 0.0"),
+        (
+            {"entropy_reg": "target", "entropy_target_ratio": 0.3, "entropy_target_window": 3},
+            r"entropy_target_window=3 steps measure the reference entropy, which leaves none of max_steps=3",
+        ),
+        ({"entropy_target_ratio": 0.3}, r"entropy_target_ratio=0.3 needs 'target' in entropy_reg \(got \[\]\)"),
+        ({"entropy_advantage_kappa": 0.5}, r"entropy_advantage_kappa must be a finite number in \[1, 1000000\]"),
     ],
 )
 def test_bad_entropy_settings_name_the_field_and_value(tmp_path, overrides, message):
@@ -362,6 +470,7 @@ RESUME_CONFIGS = {
     "target+clip_cov": {"entropy_reg": ["target", "clip_cov"], "entropy_target": 7.0, "clip_cov_lb": -1e9,
                         "clip_cov_ub": 1e9, "clip_cov_ratio": 0.05},
     "kl_cov+advantage": {"entropy_reg": ["kl_cov", "advantage"], "num_iterations": 2},
+    "relative_target": {"entropy_reg": ["target"], "entropy_target_ratio": 1.0, "entropy_target_window": 3},
 }  # fmt: skip
 
 
@@ -370,8 +479,8 @@ def test_resume_restores_the_entropy_controllers_exactly(config, tmp_path, tiny_
     check_resume(config, tmp_path, tiny_model_dir)
 
 
-ENTROPY_2P = {"entropy_reg": ["target", "clip_cov"], "entropy_target": 7.0, "per_device_train_batch_size": 6,
-              "max_steps": 3, "save_steps": 3}  # fmt: skip
+ENTROPY_2P = {"entropy_reg": ["target", "clip_cov"], "entropy_target_ratio": 1.0, "entropy_target_window": 1,
+              "per_device_train_batch_size": 6, "max_steps": 3, "save_steps": 3}  # fmt: skip
 
 
 @two_process("entropy", ENTROPY_2P)
@@ -382,6 +491,11 @@ def test_two_processes_hold_the_same_controller(two_process_runs):
     coefs = [[row["entropy_reg/coef"] for row in rank["logs"] if "entropy_reg/coef" in row] for rank in ranks]
     assert len(coefs[0]) == 3 and coefs[0] == coefs[1]
     assert coefs[0][-1] > 0
+    # the relative target's reference is gathered over both ranks: the same target on each, the first step's
+    # entropy (ratio 1, a window of 1 step) as TRL logged it over both
+    targets = [[row["entropy_reg/target"] for row in rank["logs"] if "entropy_reg/target" in row] for rank in ranks]
+    first = [row["entropy"] for row in ranks[0]["logs"] if "entropy" in row][0]
+    assert len(targets[0]) == 3 and targets[0] == targets[1] == [pytest.approx(first, rel=1e-5)] * 3
 
 
 def _third_unscored(completions, **kwargs) -> list[float | None]:

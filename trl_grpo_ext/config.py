@@ -214,9 +214,17 @@ class GRPOConfig(TRLGRPOConfig):
             Needs TRL's `entropy_coef=0` and `use_adaptive_entropy=False`; `clip_cov` needs a PPO-clipped
             `loss_type` with `importance_sampling_level="token"`. The `target` bonus acts on all completion tokens,
             also when `top_entropy_quantile < 1`; `clip_cov` and `kl_cov` pick among the tokens it keeps.
+        entropy_target_ratio (`float`, *optional*):
+            The `target` mode's target as a share of the model's own mean token entropy over the run's first
+            `entropy_target_window` optimizer steps (per policy group with `entropy_target_per_group`), in (0, 1]:
+            "do not let the entropy fall below this share of where the model started". Instead of TRL's absolute
+            `entropy_target` (nats), which must then stay at its default.
+        entropy_target_window (`int`, *optional*, defaults to `5`):
+            Optimizer steps whose measured entropy is the reference of `entropy_target_ratio`; the controller acts
+            from the step after. Shorter than `max_steps`.
         entropy_target_per_group (`bool`, *optional*, defaults to `False`):
             With `target` and policy groups: one controller and coefficient per policy group, each holding its own
-            group's entropy at `entropy_target`.
+            group's entropy at `entropy_target` (or its own reference times `entropy_target_ratio`).
         entropy_pi_kp (`float`, *optional*, defaults to `0.5`):
             Proportional gain of the `target` controller, in coefficient per nat of entropy error.
         entropy_pi_ki (`float`, *optional*, defaults to `0.02`):
@@ -237,6 +245,9 @@ class GRPOConfig(TRLGRPOConfig):
             KL-Cov: coefficient β of the penalty β·|log π − log π_old| on those tokens.
         entropy_advantage_coef (`float`, *optional*, defaults to `0.05`):
             τ of the `advantage` mode, in advantage units per nat.
+        entropy_advantage_kappa (`float`, *optional*, defaults to `2.0`):
+            κ of the `advantage` mode: the shift is at most |A|/κ (arXiv:2506.14758 uses 2), so it never flips an
+            advantage's sign and a zero advantage stays zero.
 
         > Parameters that control adaptive gradient regularization
 
@@ -453,6 +464,14 @@ class GRPOConfig(TRLGRPOConfig):
             "help": "Entropy-regularization modes, comma-separated: " + ENTROPY_REG_MODES.help() + ".",
         },
     )
+    entropy_target_ratio: float | None = field(
+        default=None,
+        metadata={"help": "target mode: the target as a share of the model's own entropy over the first "
+                  "entropy_target_window steps, in (0, 1]; instead of entropy_target (nats)."},
+    )  # fmt: skip
+    entropy_target_window: int = field(
+        default=5, metadata={"help": "Optimizer steps whose entropy is the reference of entropy_target_ratio."}
+    )
     entropy_target_per_group: bool = field(
         default=False, metadata={"help": "With target and policy groups: one controller per policy group."}
     )
@@ -479,6 +498,9 @@ class GRPOConfig(TRLGRPOConfig):
     )
     entropy_advantage_coef: float = field(
         default=0.05, metadata={"help": "tau of the advantage mode, in advantage units per nat."}
+    )
+    entropy_advantage_kappa: float = field(
+        default=2.0, metadata={"help": "kappa of the advantage mode: the shift is at most |A|/kappa."}
     )
     grad_reg: list[str] = field(
         default_factory=list,
@@ -727,6 +749,9 @@ FIELD_RANGES = {
     "kl_cov_ratio": Range(0, 1, low_open=True),
     "kl_cov_coef": Range(0, 1000),
     "entropy_advantage_coef": Range(0, 1000),
+    "entropy_advantage_kappa": Range(1, 1e6),
+    "entropy_target_ratio": Range(0, 1, low_open=True),
+    "entropy_target_window": Range(1),
     "zclip_alpha": Range(0, 1, low_open=True, high_open=True),
     "zclip_z_threshold": Range(0, 1000, low_open=True),
     "zclip_warmup_steps": Range(2),

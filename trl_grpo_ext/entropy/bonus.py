@@ -25,15 +25,20 @@ def entropy_bonus(entropies: torch.Tensor, mask: torch.Tensor, coef: torch.Tenso
 
 
 def entropy_advantages(advantages: torch.Tensor, entropies: torch.Tensor, mask: torch.Tensor, tau: float,
-                       scored: torch.Tensor | None = None):  # fmt: skip
-    """A_i + τ·H_i with H_i the completion's mean token entropy, detached: the entropy-regularized relative reward.
+                       scored: torch.Tensor | None = None, kappa: float = 2.0):  # fmt: skip
+    """A + min(τ·H_i, |A|/κ), H_i the completion's mean token entropy, detached: the entropy-based advantage of Cheng
+    et al. 2025 ("Reasoning with Exploration: An Entropy Perspective", arXiv:2506.14758, eq. 5: ψ(H) =
+    min(α·H^detach, |A|/κ), κ > 1), with the completion's mean entropy where the paper takes each token's.
 
-    A related shaping, with a clip at |A|/κ, is the entropy-based advantage of Cheng et al. 2025, arXiv:2506.14758.
-    `advantages` is (B,) or (B, T); returns the same shape. `scored` (B,) bool: completions some reward function
-    scored; the others keep their advantage as it is (TRL sets it to exactly 0 so that they do not move the policy).
-    A completion without tokens in `mask` (masked as truncated) gets no shift either.
+    The clip keeps the shift below |A|/κ: it never flips an advantage's sign (κ ≥ 1) and is exactly 0 where A is 0,
+    so a generation group whose completions all got the same reward (advantage 0 in GRPO) stays without signal
+    instead of raising the likelihood of its completions in proportion to their entropy. `advantages` is (B,) or
+    (B, T) (then |A| per token); returns the same shape. `scored` (B,) bool: completions some reward function scored;
+    the others keep their advantage as it is (TRL sets it to exactly 0 so that they do not move the policy). A
+    completion without tokens in `mask` (masked as truncated) gets no shift either.
     """
     bonus = tau * completion_entropy(entropies.detach(), mask)  # (B,)
     if scored is not None:
         bonus = torch.where(scored, bonus, torch.zeros_like(bonus))
-    return advantages + (bonus if advantages.dim() == 1 else bonus[:, None]).to(advantages.dtype)
+    bonus = (bonus if advantages.dim() == 1 else bonus[:, None]).to(advantages.dtype)
+    return advantages + torch.minimum(bonus, advantages.abs() / kappa)

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from trl import GRPOConfig as TRLGRPOConfig
 
 from ..registry import Registry
 from . import bonus, covariance
@@ -28,6 +29,8 @@ from .controller import EntropyPI
 logger = logging.getLogger(__name__)
 
 ENTROPY_REG_MODES = Registry("entropy_reg")
+# TRL's default `entropy_target` (0.2 nats in TRL 1.16): a config that leaves it there sets no absolute target
+TRL_ENTROPY_TARGET = TRLGRPOConfig.__dataclass_fields__["entropy_target"].default
 
 
 @dataclass
@@ -105,14 +108,17 @@ class EntropyMode:
 
 @ENTROPY_REG_MODES.register("target")
 class TargetEntropy(EntropyMode):
-    """A PI controller holds the mean token entropy at `entropy_target` by setting the entropy-bonus coefficient each
-    optimizer step (`controller.EntropyPI`); the bonus −c·H (`bonus.entropy_bonus`) enters the loss as TRL's
+    """A PI controller holds the mean token entropy at its target by setting the entropy-bonus coefficient each
+    optimizer step (`controller.EntropyPI`): `entropy_target_ratio` times the model's own mean token entropy over the
+    run's first `entropy_target_window` optimizer steps (per policy group with `entropy_target_per_group`), or
+    `entropy_target` nats; the bonus −c·H (`bonus.entropy_bonus`) enters the loss as TRL's
     `entropy_coef` term does. With `entropy_target_per_group`, one controller per policy group, each following its
     group through regroups."""
 
     summary = (
-        "a PI controller holds the mean token entropy at entropy_target by setting the entropy-bonus coefficient "
-        "each optimizer step, within [entropy_coef_min, entropy_coef_max]"
+        "a PI controller holds the mean token entropy at its target (entropy_target_ratio x the model's own entropy "
+        "over the first entropy_target_window steps, or entropy_target nats) by setting the entropy-bonus "
+        "coefficient each optimizer step, within [entropy_coef_min, entropy_coef_max]"
     )
 
     def __init__(self, feature):
@@ -122,9 +128,11 @@ class TargetEntropy(EntropyMode):
             raise ValueError("entropy_target_per_group=True needs policy groups (policy_group_column, ...)")
         keys = list(groups.names) if args.entropy_target_per_group else ["all"]
         bounds = (args.entropy_coef_min, args.entropy_coef_max)
+        relative = args.entropy_target_ratio is not None
         self.controller = EntropyPI(
-            args.entropy_target, args.entropy_pi_kp, args.entropy_pi_ki, bounds, keys, args.entropy_pi_horizon
-        )
+            None if relative else args.entropy_target, args.entropy_pi_kp, args.entropy_pi_ki, bounds, keys,
+            args.entropy_pi_horizon, args.entropy_target_ratio, args.entropy_target_window,
+        )  # fmt: skip
         self._window = None  # (keys, (K, 2) [entropy sum, token count] per key) over the accumulation window
 
     @classmethod
@@ -132,11 +140,28 @@ class TargetEntropy(EntropyMode):
         on = cls.name in args.entropy_reg
         if args.entropy_target_per_group and not on:
             raise ValueError(f"entropy_target_per_group=True needs 'target' in entropy_reg (got {args.entropy_reg})")
+        relative = args.entropy_target_ratio is not None
+        if relative and not on:
+            raise ValueError(
+                f"entropy_target_ratio={args.entropy_target_ratio} needs 'target' in entropy_reg "
+                f"(got {args.entropy_reg})"
+            )
         if not on:
             return
-        if not math.isfinite(args.entropy_target):
+        if relative and args.entropy_target != TRL_ENTROPY_TARGET:
+            raise ValueError(
+                f"entropy_target={args.entropy_target} (nats) and entropy_target_ratio={args.entropy_target_ratio} "
+                "(of the model's own entropy) are two targets: set one of them"
+            )
+        max_steps = getattr(args, "max_steps", -1)
+        if relative and 0 < max_steps <= args.entropy_target_window:
+            raise ValueError(
+                f"entropy_target_window={args.entropy_target_window} steps measure the reference entropy, which "
+                f"leaves none of max_steps={max_steps} to hold it: shorten the window"
+            )
+        if not relative and not math.isfinite(args.entropy_target):
             raise ValueError(f"entropy_target must be a finite number, got {args.entropy_target}")
-        if args.entropy_target <= 0:
+        if not relative and args.entropy_target <= 0:
             raise ValueError(f"entropy_reg 'target' needs entropy_target > 0 nats, got {args.entropy_target}")
         if args.entropy_pi_kp + args.entropy_pi_ki == 0:
             raise ValueError(
@@ -191,8 +216,13 @@ class TargetEntropy(EntropyMode):
                 self.feature.log(f"entropy_reg/{key}/coef", controller.coefficient(key), mode="train")
                 if key in measured:
                     self.feature.log(f"entropy_reg/{key}/entropy", measured[key], mode="train")
+                if controller.ratio is not None and controller.target_of(key) is not None:
+                    self.feature.log(f"entropy_reg/{key}/target", controller.target_of(key), mode="train")
         coefs = [controller.coefficient(key) for key in keys if key in measured] or [0.0]
         self.feature.log("entropy_reg/coef", sum(coefs) / len(coefs), mode="train")
+        target = controller.mean_target()
+        if target is not None:  # with a relative target, once its reference is measured
+            self.feature.log("entropy_reg/target", target, mode="train")
 
     def regroup(self, parents: dict[str, dict[str, float]]) -> None:
         """Policy groups changed: each new group's controller takes the state of the groups its prompts came from,
@@ -290,19 +320,22 @@ class KLCov(EntropyMode):
 
 @ENTROPY_REG_MODES.register("advantage")
 class EntropyAdvantage(EntropyMode):
-    """A_i ← A_i + τ·H_i, H_i the completion's mean token entropy, detached (`bonus.entropy_advantages`); τ is
-    `entropy_advantage_coef`. Completions no reward function scored, or masked as truncated, keep TRL's advantage."""
+    """A_i ← A_i + min(τ·H_i, |A_i|/κ), H_i the completion's mean token entropy, detached (`bonus.entropy_advantages`,
+    after Cheng et al. 2025, arXiv:2506.14758, eq. 5); τ is `entropy_advantage_coef`, κ `entropy_advantage_kappa`. A
+    completion whose advantage is 0 (its generation group all got the same reward, or no reward function scored it)
+    keeps 0; one masked as truncated keeps TRL's advantage."""
 
     summary = (
-        "A_i <- A_i + entropy_advantage_coef*H_i, H_i the completion's mean token entropy, detached (related: Cheng "
-        "et al. 2025, arXiv:2506.14758)"
+        "A_i <- A_i + min(entropy_advantage_coef*H_i, |A_i|/entropy_advantage_kappa), H_i the completion's mean "
+        "token entropy, detached (Cheng et al. 2025, arXiv:2506.14758, eq. 5)"
     )
     uses_window = False
     shifts_advantages = True
 
     def shift_advantages(self, batch, entropies, mask) -> torch.Tensor:
         scored = self.feature.scored(batch)
-        return bonus.entropy_advantages(batch["advantages"], entropies, mask, self.args.entropy_advantage_coef, scored)
+        return bonus.entropy_advantages(batch["advantages"], entropies, mask, self.args.entropy_advantage_coef, scored,
+                                        self.args.entropy_advantage_kappa)  # fmt: skip
 
 
 def check_config(args) -> None:
