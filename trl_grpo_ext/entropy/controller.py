@@ -68,11 +68,10 @@ class EntropyPI:
         """The entropy `key` is held at (nats); None while the relative target's reference is still measured."""
         if self.ratio is None:
             return self.target
-        if self.targets is None or self.steps < self.window:
+        if self.steps < self.window:
             return None
-        if key not in self.targets:  # not measured in the window: the mean reference of all keys
-            self.targets[key] = self.ratio * self.mean_reference
-        return self.targets[key]
+        # a key not measured in the window: the mean reference of all keys
+        return self.targets.get(key, self.ratio * self.mean_reference)
 
     def mean_target(self) -> float | None:
         """The mean target over the keys (nats), None while the reference is measured."""
