@@ -12,6 +12,9 @@ evaluated every 4 steps (8 prompts each, 4 completions), trained all `--max_step
 - `skip`: `prompt_skip=True` as the README shows it, no other setting; in the single-pass family with
   `policy_group_column="task"`, `policy_group_sampling="uniform"` and `policy_group_loss_weighting=False`, so that
   the difficulty groups predict first visits while TRL's sampler draws and the loss weighs as stock TRL's do;
+- `groups`: `skip` with the policy groups as in the single-pass family and `prompt_skip_group_informative=0.1`, so
+  that a group's evidence predicts its prompts (first visits from its solved share, a group never informative from
+  its failing visits);
 - `hopeless`: `skip` with `prompt_skip_hopeless=True` (failing prompts never informative skipped at a measured rate);
 - `oracle`: the no-refill oracle, prompt skipping told which prompts can only give all-equal rewards (the `solved`,
   `hopeless` and `constant` tasks: never generated for, but for the layout's floor), the loss normalized as `skip`'s;
@@ -57,11 +60,15 @@ SINGLE_PASS = {  # 1024 prompts: 120 steps draw 480 of them, none twice
 FAMILIES = {"multi_epoch": (MULTI_EPOCH, 48), "single_pass": (SINGLE_PASS, 1024)}
 VARIANTS = {
     "multi_epoch": {"trl": None, "skip": {"prompt_skip": True, "policy_group_column": None},
+                    "groups": {"prompt_skip": True, "policy_group_sampling": "uniform",
+                               "policy_group_loss_weighting": False, "prompt_skip_group_informative": 0.1},
                     "hopeless": {"prompt_skip": True, "prompt_skip_hopeless": True, "policy_group_column": None},
                     "oracle": {"prompt_skip": True, "policy_group_column": None},
                     "oracle_history": {"prompt_skip": True, "policy_group_column": None}},
     "single_pass": {"trl": None, "skip": {"prompt_skip": True, "policy_group_sampling": "uniform",
                                           "policy_group_loss_weighting": False},
+                    "groups": {"prompt_skip": True, "policy_group_sampling": "uniform",
+                               "policy_group_loss_weighting": False, "prompt_skip_group_informative": 0.1},
                     "hopeless": {"prompt_skip": True, "prompt_skip_hopeless": True, "policy_group_sampling": "uniform",
                                  "policy_group_loss_weighting": False},
                     "oracle": {"prompt_skip": True, "policy_group_column": None},
@@ -133,7 +140,7 @@ def report(results: list[dict]) -> str:
                     continue
                 saving = base - median_tokens[bound]
                 shares = []
-                for rule in ("skip", "hopeless"):
+                for rule in ("skip", "groups", "hopeless"):
                     if rows.get(rule):
                         captured = (base - median_tokens[rule]) / saving if 0 < saving < float("inf") else None
                         shares.append(f"{rule} {'n/a' if captured is None else f'{captured:.0%}'}")
@@ -145,7 +152,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     parser.add_argument("--mixes", nargs="+", help="only these mixes (of the families chosen)")
-    parser.add_argument("--variants", nargs="*", default=["trl", "skip", "hopeless", "oracle", "oracle_history"])
+    parser.add_argument(
+        "--variants", nargs="*", default=["trl", "skip", "groups", "hopeless", "oracle", "oracle_history"]
+    )
     parser.add_argument("--add", nargs="*", default=[], metavar="NAME=JSON",
                         help="more variants: `skip` with these settings on top (tuning runs)")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])

@@ -70,6 +70,7 @@ FIELDS = {
     "prompt_skip_hopeless": ([], [True, False, "true", "no"], {}, "true or false"),
     "prompt_skip_min_keep": ([], [1e-6, 0.5], {}, "a finite number in (0, 1]"),
     "prompt_skip_first_visit": ([], [True, False, "true", "no"], {}, "true or false"),
+    "prompt_skip_group_informative": ([], [0.0, 0.999], {}, "a finite number in [0, 1)"),
     "prompt_skip_refill": ([], [True, False, "true", "no"], {}, "true or false"),
     "entropy_reg": ([], [[], "target", ["advantage", "clip_cov"], "kl_cov,target"], {}, "entropy_reg "),
     "entropy_target_ratio": ([], [1e-6, 1.0], {"entropy_reg": "target"}, "a finite number in (0, 1], or None"),

@@ -23,11 +23,13 @@ from trl_grpo_ext.prompt_skip.normalizer import normalizer_correction
 from trl_grpo_ext.prompt_skip.skipping import (
     adapt_base,
     count_evidence,
+    failing_group_keep,
     first_visit_keep,
     hopeless_base,
     keep_for_layout,
     keep_probability,
     layout_quantum,
+    prompt_keep_probability,
     skip_streak,
     solved_share,
     static_cache_quantum,
@@ -172,6 +174,38 @@ def test_a_first_visit_is_predicted_from_the_groups_solved_share():
     assert torch.isnan(share[2])
     keep = first_visit_keep(torch.tensor([2 / 3, 1 / 4, NAN, 1.0]), floor=0.05)
     assert_close(keep, torch.tensor([1 / 3, 3 / 4, 1.0, 0.05], dtype=torch.float64))
+
+
+def test_a_policy_group_never_informative_is_skipped_on_the_whole_groups_evidence():
+    assignment = torch.tensor([0, 0, 0, 1, 1, 1, 2])
+    visits = torch.tensor([3, 2, 0, 1, 0, 0, 0])  # group 0: 5 uninformative failing visits; group 1: 1
+    informed = torch.tensor([False, False, False, False, True, False, False])  # group 1 had an informative one
+    keep = failing_group_keep(assignment, visits, informed, groups=3, floor=0.05, least=0.1)
+    assert_close(keep, torch.tensor([0.9**5, 1.0, 1.0], dtype=torch.float64))  # group 2: nothing seen yet
+    many = failing_group_keep(
+        assignment, torch.tensor([40, 0, 0, 0, 0, 0, 0]), informed, groups=3, floor=0.05, least=0.1
+    )
+    assert many[0] == 0.05  # 0.9^40 = 0.015: the floor
+
+
+def test_the_groups_evidence_caps_first_visits_and_never_informative_prompts_only():
+    """Rows 0-3 in policy group 0, never informative: 0 and 1 failed (2 and 1 visits), 2 never generated for, 3
+    solved. Rows 4-7 in group 1, one of which (5) was informative. The best reward is 1."""
+    history = PromptHistory(8)
+    history.observe(
+        torch.tensor([0, 1, 3, 4, 5]),
+        torch.tensor([[0.0] * 4, [0.0] * 4, [1.0] * 4, [0.0] * 4, [0.0, 1.0, 0.0, 0.0]]),
+        torch.ones(5, 4),
+        step=0,
+    )
+    history.observe(torch.tensor([0]), torch.zeros(1, 4), torch.ones(1, 4), step=1)  # fmt: skip
+    groups = (torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]), 2)
+    settings = dict(base=0.5, hopeless=None, best=1.0, grace=3, floor=0.05, groups=groups, first_visit=False)
+    without = prompt_keep_probability(history, torch.arange(8), **settings)
+    assert_close(without, torch.tensor([1.0, 1.0, 1.0, 0.5, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64))
+    keep = prompt_keep_probability(history, torch.arange(8), **settings, group_informative=0.1)
+    # group 0's 3 failing visits (the solved row's do not count): 0.9^3 for its failing and unseen rows
+    assert_close(keep, torch.tensor([0.729, 0.729, 0.729, 0.5, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64))
 
 
 def test_the_normalizer_counts_the_skipped_completions_per_loss_type():
@@ -351,6 +385,27 @@ def test_never_informative_prompts_are_skipped_only_where_they_stay_failing(tmp_
     else:
         assert min(bases) > 0.7
         assert late.count("late") >= 0.8 * late.count("learnable")
+
+
+@pytest.mark.parametrize("informative", [0.1, 0.0])
+def test_a_hopeless_policy_group_is_skipped_from_its_groups_evidence(tmp_path, tiny_model_dir, informative):
+    """64 prompts, half `hopeless` (all completions 0) and half `learnable`, one policy group each, 32 drawn in 8
+    steps: a single pass, so no prompt's own history can predict it. With `prompt_skip_group_informative` the
+    hopeless group's evidence skips its later first visits; with 0, nothing is skipped (no prompt is solved)."""
+    rows = to_grpo_rows(synthetic_gsm8k(64, seed=4))
+    dataset = Dataset.from_list([{**row, "kind": "hopeless" if i % 2 else "learnable"} for i, row in enumerate(rows)])
+    reward = _FailingPrompts()
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=8, per_device_train_batch_size=16, prompt_skip=True,
+                                          prompt_skip_group_informative=informative, policy_group_column="kind",
+                                          policy_group_sampling="uniform", remove_unused_columns=False))  # fmt: skip
+    trainer = GRPOTrainer(tiny_model_dir, [reward], args, dataset)
+    trainer.train()
+    skipped = trainer.features["prompt_skip"].skip.skipped
+    late = [k for kinds in reward.batches[4:] for k in kinds]
+    if not informative:
+        assert skipped == 0
+        return
+    assert skipped > 0 and late.count("hopeless") < 0.5 * late.count("learnable")
 
 
 def test_a_batch_that_would_skip_everything_keeps_one_prompt(tmp_path, tiny_model_dir):

@@ -198,6 +198,15 @@ class GRPOConfig(TRLGRPOConfig):
             max(1 − s, `prompt_skip_min_keep`), s the share of the group's prompts seen so far whose last generation
             group was solved (all completions at the best reward), once 8 of them were seen. Lets a run of less than
             one epoch save too.
+        prompt_skip_group_informative (`float`, *optional*, defaults to `0.0`):
+            With policy groups, skip the prompts of a group none of whose prompts was ever informative (every
+            completion of every generation group failing alike: unsolvable, or mislabelled) on the whole group's
+            evidence, first visits included: each is kept with probability max((1 − f)^V, `prompt_skip_min_keep`),
+            f this value and V the group's uninformative failing visits so far: the chance of V such visits in a
+            row if f of its generation groups were informative. One informative generation group in the group ends
+            it. 0 (the default) turns it off. For data known to hold whole groups that cannot be solved: 0.1 saved
+            most there, but it also slows a learnable group whose informative share starts below f
+            (`benchmarks/README.md`).
         prompt_skip_refill (`bool`, *optional*, defaults to `False`):
             Replace each skipped prompt by the next one of the draw (inside each policy group's draw when policy
             groups are on), so the generation batch keeps its size: as many tokens a step as without skipping.
@@ -453,6 +462,13 @@ class GRPOConfig(TRLGRPOConfig):
     prompt_skip_first_visit: bool = field(
         default=True,
         metadata={"help": "With policy groups, predict a prompt never generated for from its group's solved share."},
+    )
+    prompt_skip_group_informative: float = field(
+        default=0.0,
+        metadata={
+            "help": "With policy groups, skip prompts of a group never informative as if this share of its "
+            "generation groups were informative, at (1 - share)^visits (0: off)."
+        },
     )
     prompt_skip_refill: bool = field(
         default=False, metadata={"help": "Replace each skipped prompt by another, keeping the batch's size."}
@@ -736,6 +752,7 @@ FIELD_RANGES = {
     "policy_group_fusion_start": Range(0, 1e9, low_open=True, whole_from=1),
     "policy_group_fusion_anneal_steps": Range(0),
     "prompt_skip_target": Range(0, 1, high_open=True),
+    "prompt_skip_group_informative": Range(0, 1, high_open=True),
     "prompt_skip_initial_keep": Range(0, 1, low_open=True),
     "prompt_skip_adapt_step": Range(0, 1, low_open=True),
     "prompt_skip_failing_grace": Range(0),

@@ -5,10 +5,12 @@ By default (`prompt_skip_refill=False`) a skipped prompt is not replaced: TRL's 
 the generation batch as without skipping, and `skip_prompts` takes the skipped prompts out of it before generation,
 deciding on the whole draw (gathered over the processes, the same decisions everywhere). Each prompt is kept with its
 keep probability: from its history (`skipping.keep_probability`) when it was generated for before, else, with policy
-groups, from its group's solved share (`skipping.first_visit_keep`). Skipped prompts are put back until every process
-holds the same number of completions, a whole number of micro-batches each (`skipping.keep_for_layout`). After
-generation, TRL's loss is told about the skipped completions as if present with zero advantage (`normalizer`): their
-estimated tokens are added to `num_items_in_batch`, or the loss is scaled by a factor carried in the batch.
+groups, from its group's solved share (`skipping.first_visit_keep`); with policy groups, a prompt never informative
+keeps at most its group's `skipping.failing_group_keep` (a group none of whose prompts was ever informative). Skipped
+prompts are put back until every process holds the same number of completions, a whole number of micro-batches each
+(`skipping.keep_for_layout`). After generation, TRL's loss is told about the skipped completions as if present with
+zero advantage (`normalizer`): their estimated tokens are added to `num_items_in_batch`, or the loss is scaled by a
+factor carried in the batch.
 
 With `prompt_skip_refill=True` a skipped prompt is replaced by the next prompt of the same draw, so the batch keeps
 its size: every prompt drawn passes through `prompt_filter`, inside each policy group's draw with policy groups (and
@@ -76,10 +78,11 @@ class PromptSkip(Feature):
     def keep_probabilities(self, rows: torch.Tensor) -> torch.Tensor:
         """(P,) float64 the keep probability of each dataset row of `rows` (P,): `skipping.prompt_keep_probability`."""
         args, skip, groups = self.trainer.args, self.skip, self.trainer.policy_groups
-        first_visit = groups is not None and args.prompt_skip_first_visit
+        by_group = groups is not None and (args.prompt_skip_first_visit or args.prompt_skip_group_informative > 0)
         return prompt_keep_probability(
             skip.history, rows, skip.base, self.hopeless_base(), skip.solved_at(), args.prompt_skip_failing_grace,
-            args.prompt_skip_min_keep, (groups.assignment, len(groups.names)) if first_visit else None,
+            args.prompt_skip_min_keep, (groups.assignment, len(groups.names)) if by_group else None,
+            first_visit=args.prompt_skip_first_visit, group_informative=args.prompt_skip_group_informative,
         )  # fmt: skip
 
     def hopeless_base(self) -> float | None:
