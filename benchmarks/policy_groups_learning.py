@@ -309,8 +309,8 @@ def main() -> None:
                 print(f"{result['mix']} seed {result['seed']} {result['variant']}: steps {result['steps']}, "
                       f"step time {result['step_time']:.3f} s", flush=True)  # fmt: skip
                 results.append(result)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+                if args.json:  # after every run: a long family keeps what it measured if it is stopped
+                    Path(args.json).write_text(json.dumps(results, indent=1))
     print(report(results, ["trl", *[v for v in variants if v != "trl"]]))
 
 

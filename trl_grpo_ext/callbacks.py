@@ -139,8 +139,14 @@ def stage_spans(log_history: list[dict]) -> list[tuple[str, int, int]]:
 STAGE_COLOURS = {"warmup": "tab:gray", "competition": "white", "fusion": "tab:green"}
 
 
+LINE_STYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P")
+
+
 def plot_policy_groups(log_history: list[dict], path: str) -> str:
-    """Plot each policy group's weight and EMA reward against the step into a PNG at `path`; return it.
+    """Plot each policy group's weight (stacked, as its share of the weights' sum: equal weights are equal bands) and
+    EMA reward (one dash and marker per group) against the step into a PNG at `path`, one legend to the right of
+    both; return the path.
 
     `log_history` is `trainer.state.log_history` (or the rows `MetricsTableCallback` keeps): dicts with a `step`
     and `policy_groups/<name>/weight` / `policy_groups/<name>/reward` keys. Groups that appear later (a split)
@@ -161,25 +167,42 @@ def plot_policy_groups(log_history: list[dict], path: str) -> str:
             if key.startswith(prefix) and key.endswith(suffix)
         }
     )
-    fig, (ax_weight, ax_reward) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for name in names:
-        for ax, stat in ((ax_weight, "weight"), (ax_reward, "reward")):
-            points = [(row["step"], row[f"policy_groups/{name}/{stat}"]) for row in log_history
-                      if "step" in row and f"policy_groups/{name}/{stat}" in row]  # fmt: skip
-            if points:
-                ax.plot(*zip(*points, strict=True), marker="o", markersize=2, label=name)
-    ax_weight.set(xlabel="step", ylabel="weight (mean 1 over groups)", title="Policy group weights")
+    fig, (ax_weight, ax_reward) = plt.subplots(1, 2, figsize=(11, 3.8))
+    # weights stacked as shares of their sum, so equal weights are equal bands (lines on top of each other would hide
+    # all but one); a group absent at a step (before a split made it, after a merge ended it) takes no share there
+    steps = sorted({row["step"] for row in log_history if "step" in row and any(f"{prefix}{n}{suffix}" in row
+                                                                                  for n in names)})  # fmt: skip
+    by_step = {}
+    for row in log_history:
+        if "step" in row:
+            by_step.setdefault(row["step"], {}).update(row)
+    stacked = [[by_step[step].get(f"{prefix}{name}{suffix}", 0.0) for step in steps] for name in names]
+    totals = [sum(column) or 1.0 for column in zip(*stacked, strict=True)] if stacked else []
+    shares = [[value / total for value, total in zip(series, totals, strict=True)] for series in stacked]
+    if steps:
+        ax_weight.stackplot(steps, *shares, labels=names, colors=[f"C{i % 10}" for i in range(len(names))],
+                            alpha=0.85, edgecolor="white", linewidth=0.5)  # fmt: skip
+    ax_weight.set_ylim(0, 1)
+    for i, name in enumerate(names):
+        points = [(row["step"], row[f"{prefix}{name}/reward"]) for row in log_history
+                  if "step" in row and f"{prefix}{name}/reward" in row]  # fmt: skip
+        if points:  # each group its own dash and marker, so equal rewards stay readable
+            ax_reward.plot(*zip(*points, strict=True), linestyle=LINE_STYLES[i % len(LINE_STYLES)],
+                           marker=MARKERS[i % len(MARKERS)], markersize=3, markevery=max(1, len(points) // 20),
+                           linewidth=1.4, color=f"C{i % 10}")  # fmt: skip
+    ax_weight.set(xlabel="step", ylabel="share of the summed weights", title="Policy group weights (stacked)")
     ax_reward.set(xlabel="step", ylabel="EMA reward", title="Policy group rewards")
     spans = stage_spans(log_history)
     for ax in (ax_weight, ax_reward):
         for i, (stage, first, last) in enumerate(spans):
             end = spans[i + 1][1] if i + 1 < len(spans) else last  # shaded up to where the next stage starts
-            ax.axvspan(first, end, color=STAGE_COLOURS[stage], alpha=0.15, lw=0)
+            ax.axvspan(first, end, color=STAGE_COLOURS[stage], alpha=0.15, lw=0, zorder=3)  # over the stacked bands
             ax.text((first + end) / 2, 0.99, stage, transform=ax.get_xaxis_transform(), ha="center", va="top",
                     fontsize=7, color="dimgray")  # fmt: skip
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    # one legend, off the lines: to the right of both panels
+    fig.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, title="policy group", title_fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
