@@ -408,6 +408,16 @@ def test_a_hopeless_policy_group_is_skipped_from_its_groups_evidence(tmp_path, t
     assert skipped > 0 and late.count("hopeless") < 0.5 * late.count("learnable")
 
 
+def test_the_groups_evidence_without_policy_groups_or_with_refilling_is_refused(tmp_path, tiny_model_dir):
+    with pytest.raises(ValueError, match=r"prompt_skip_group_informative \(0.1\) acts without refilling only"):
+        GRPOConfig(**small_grpo_kwargs(tmp_path), prompt_skip=True, remove_unused_columns=False,
+                   prompt_skip_refill=True, prompt_skip_group_informative=0.1)  # fmt: skip
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path), prompt_skip=True, remove_unused_columns=False,
+                      prompt_skip_group_informative=0.1)  # fmt: skip
+    with pytest.raises(ValueError, match=r"prompt_skip_group_informative \(0.1\) reads each prompt's policy group"):
+        GRPOTrainer(tiny_model_dir, [_SeenPrompts()], args, _half_solved())
+
+
 def test_a_batch_that_would_skip_everything_keeps_one_prompt(tmp_path, tiny_model_dir):
     """Every prompt solved (reward 1 for every completion: with no lower reward seen, no prompt counts as solved, so
     the failing grace is set to 0), every keep probability at its floor: each batch after the first pass still

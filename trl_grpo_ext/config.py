@@ -664,6 +664,11 @@ class GRPOConfig(TRLGRPOConfig):
                 f"need prompt_skip_min_keep ({self.prompt_skip_min_keep}) <= prompt_skip_initial_keep "
                 f"({self.prompt_skip_initial_keep})"
             )
+        if self.prompt_skip_group_informative > 0 and self.prompt_skip_refill:
+            raise ValueError(
+                f"prompt_skip_group_informative ({self.prompt_skip_group_informative}) acts without refilling only "
+                "(got prompt_skip_refill=True): set one of them off"
+            )
 
     def _check_entropy_reg_fields(self) -> None:
         """Rules between entropy fields and with TRL's: those of `entropy.modes` and each registered mode's."""

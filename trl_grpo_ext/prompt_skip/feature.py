@@ -68,7 +68,19 @@ class PromptSkip(Feature):
 
     @classmethod
     def build(cls, trainer) -> "PromptSkip | None":
-        return cls(trainer) if trainer.args.prompt_skip else None
+        """The feature when `prompt_skip` is set, else None.
+
+        Raises:
+            ValueError: `prompt_skip_group_informative` is set but the run has no policy groups to read it from.
+        """
+        args = trainer.args
+        if args.prompt_skip and args.prompt_skip_group_informative > 0 and trainer.policy_groups is None:
+            raise ValueError(
+                f"prompt_skip_group_informative ({args.prompt_skip_group_informative}) reads each prompt's policy "
+                "group, and this run has none: set policy_group_column (or policy_group_features, or pass "
+                "policy_group_fn), or set prompt_skip_group_informative=0"
+            )
+        return cls(trainer) if args.prompt_skip else None
 
     def state(self) -> PromptSkipState:
         return self.skip
