@@ -47,6 +47,7 @@ def check_policy_group_setup(args, grouping: bool) -> None:
         "policy_group_regroup_steps": args.policy_group_regroup_steps is not None,
         "policy_group_warmup_steps": args.policy_group_warmup_steps is not None,
         "policy_group_fusion_start": args.policy_group_fusion_start is not None,
+        "prompt_skip_group_informative": args.prompt_skip_group_informative > 0,
     }
     if any(changed.values()):
         fields = ", ".join(f"{name}={getattr(args, name)!r}" for name, on in changed.items() if on)

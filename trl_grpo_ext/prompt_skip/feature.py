@@ -68,19 +68,7 @@ class PromptSkip(Feature):
 
     @classmethod
     def build(cls, trainer) -> "PromptSkip | None":
-        """The feature when `prompt_skip` is set, else None.
-
-        Raises:
-            ValueError: `prompt_skip_group_informative` is set but the run has no policy groups to read it from.
-        """
-        args = trainer.args
-        if args.prompt_skip and args.prompt_skip_group_informative > 0 and trainer.policy_groups is None:
-            raise ValueError(
-                f"prompt_skip_group_informative ({args.prompt_skip_group_informative}) reads each prompt's policy "
-                "group, and this run has none: set policy_group_column (or policy_group_features, or pass "
-                "policy_group_fn), or set prompt_skip_group_informative=0"
-            )
-        return cls(trainer) if args.prompt_skip else None
+        return cls(trainer) if trainer.args.prompt_skip else None
 
     def state(self) -> PromptSkipState:
         return self.skip
@@ -224,10 +212,9 @@ class PromptSkip(Feature):
     def _visit_kinds(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(failing (P,) bool: the last visit was uninformative below the reward a solved prompt gets and none was
         informative, after an informative visit (P,) bool) for the dataset rows `rows` (P,), from the history now."""
-        history, tol = self.skip.history, 1e-6
-        streak, seen = history.streak[rows], history.last_step[rows] != NEVER
-        solved = history.value[rows].double() >= self.skip.solved_at() - tol
-        return seen & (streak > 0) & ~solved & ~history.informed[rows], seen & (streak == 0)
+        history = self.skip.history
+        after_informative = (history.last_step[rows] != NEVER) & (history.streak[rows] == 0)
+        return history.failing_never_informative(self.skip.solved_at(), rows), after_informative
 
     def _account_for_skipped(self, output: dict, generated: float, mean_length, mean_generated: float) -> None:
         """Tell TRL's loss about this batch's skipped completions, as present with zero advantage (`normalizer`):

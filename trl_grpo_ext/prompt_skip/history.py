@@ -75,6 +75,14 @@ class PromptHistory:
                 self.informed[row] = True
         return equal
 
+    def failing_never_informative(self, best: float, rows: torch.Tensor | None = None, tol: float = 1e-6):
+        """(R,) bool, or (P,) for the dataset rows `rows`: prompts whose last visit was uninformative at a reward below
+        `best` (the reward a solved prompt's completions all get) and none of whose visits was informative."""
+        index = slice(None) if rows is None else rows
+        seen = self.last_step[index] != NEVER
+        solved = self.value[index].double() >= best - tol
+        return seen & (self.streak[index] > 0) & ~solved & ~self.informed[index]
+
     def state_dict(self) -> dict:
         return {"last_step": self.last_step.clone(), "streak": self.streak.clone(), "value": self.value.clone(),
                 "length": self.length.clone(), "informed": self.informed.clone()}  # fmt: skip

@@ -211,16 +211,14 @@ def prompt_keep_probability(history, rows, base, hopeless, best, grace, floor, g
         return keep
     assignment, count = groups
     seen = history.last_step != NEVER
-    at_best = history.value.double() >= best - tol
     if first_visit and first.any():
-        solved = seen & (history.streak > 0) & at_best
+        solved = seen & (history.streak > 0) & (history.value.double() >= best - tol)
         share = solved_share(assignment, solved, seen, count, FIRST_VISIT_LEAST_SEEN)
         keep = torch.where(first, first_visit_keep(share[assignment[rows]], floor), keep)
     if group_informative > 0:
-        never = ~history.informed
-        failing = seen & never & (history.streak > 0) & ~at_best
-        group_keep = failing_group_keep(assignment, torch.where(failing, history.streak.long(), 0), ~never, count,
-                                        floor, group_informative)[assignment[rows]]  # fmt: skip
-        applies = never[rows] & (first | (history.streak[rows] > 0) & ~at_best[rows])
+        failing = history.failing_never_informative(best, tol=tol)
+        group_keep = failing_group_keep(assignment, torch.where(failing, history.streak.long(), 0), history.informed,
+                                        count, floor, group_informative)[assignment[rows]]  # fmt: skip
+        applies = first | failing[rows]  # never generated for, or failing at every visit so far
         keep = torch.where(applies, torch.minimum(keep, group_keep), keep)
     return keep
