@@ -178,7 +178,7 @@ def real_run(name: str) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from trl_grpo_ext.tiny_model import save_tiny_model
+    from trl_grpo_ext.cli.tiny_model import save_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         if name == "demo":
@@ -222,8 +222,8 @@ def _nonfinite_run(tmp: str) -> list[dict]:
     from trl.rewards import get_soft_overlong_punishment
 
     from trl_grpo_ext import GRPOConfig, GRPOTrainer
+    from trl_grpo_ext.cli.tiny_model import save_tiny_model
     from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
-    from trl_grpo_ext.tiny_model import save_tiny_model
 
     calls = []
     overlong = get_soft_overlong_punishment(max_completion_len=48, soft_punish_cache=24)  # the demo's length penalty

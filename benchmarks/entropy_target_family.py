@@ -174,7 +174,7 @@ def main() -> None:
     variants |= {f"relative{text}": {**VARIANTS["relative"], **json.loads(text)} for text in args.ours}
     results = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).is_file() else []
     done = {(r["task"], r["seed"], r["variant"]) for r in results}
-    from trl_grpo_ext.tiny_model import save_tiny_model
+    from trl_grpo_ext.cli.tiny_model import save_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(save_tiny_model(Path(tmp) / "model", vocab_size=1024))

@@ -26,8 +26,8 @@ The most telling first:
    timeout. On CUDA a skipped test fails the check; with `--device cpu` they all skip and the check only shows that
    they collect.
 
-Every model is the tiny random-init Qwen2 of `trl_grpo_ext.tiny_model`, built here: nothing is downloaded. Prints one
-`PASS <check>: <detail>` or `FAIL <check>: <reason>` line per check (the traceback of a failure goes to stderr).
+Every model is the tiny random-init Qwen2 of `trl_grpo_ext.cli.tiny_model`, built here: nothing is downloaded. Prints
+one `PASS <check>: <detail>` or `FAIL <check>: <reason>` line per check (the traceback of a failure goes to stderr).
 Exit code 1 when a check failed, 2 without CUDA (unless `--device cpu`) or with a missing package.
 """
 
@@ -227,7 +227,7 @@ def main(argv=None) -> int:
     failed = []
     with tempfile.TemporaryDirectory(prefix="gpu_checks_") as tmp:
         work = Path(tmp)
-        from trl_grpo_ext.tiny_model import save_tiny_model
+        from trl_grpo_ext.cli.tiny_model import save_tiny_model
 
         model_dir = str(save_tiny_model(work / "tiny-model"))
         for name in args.checks:

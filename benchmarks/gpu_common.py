@@ -81,7 +81,7 @@ def save_random_model(model_config, model_dir: Path, device: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trl_grpo_ext.tiny_model import build_tiny_tokenizer
+    from trl_grpo_ext.cli.tiny_model import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     if not (model_dir / "config.json").is_file():

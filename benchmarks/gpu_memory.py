@@ -9,7 +9,7 @@ For each preset `recipes/configs/gsm8k-<N>gb.yaml`: a model of the preset's arch
 (`trl_grpo_ext/consumer_gpu/model_configs/`) with random weights, built on the device and saved once in bf16, then
 loaded by TRL as the recipe loads it (4-bit NF4 for QLoRA, the preset's LoRA, optimizer, checkpointing and extension
 settings);
-a byte-level BPE tokenizer trained locally (`trl_grpo_ext.tiny_model`; its ids stay below the model's vocabulary);
+a byte-level BPE tokenizer trained locally (`trl_grpo_ext.cli.tiny_model`; its ids stay below the model's vocabulary);
 prompts of the estimate's prompt length; every completion forced to `max_completion_length` (`min_new_tokens`); a
 reward computed from the text, no model. Nothing is downloaded. Each preset runs in a process of its own, so its peak
 is its own, and the parent never touches the GPU. Peaks are `torch.cuda.max_memory_allocated/reserved`, overall and

@@ -34,8 +34,8 @@ from transformers import PrinterCallback, TrainerCallback
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.entropy_collapse import digit_reward  # noqa: E402
 from trl_grpo_ext import GRPOConfig, GRPOTrainer  # noqa: E402
+from trl_grpo_ext.cli.tiny_model import save_tiny_model  # noqa: E402
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows  # noqa: E402
-from trl_grpo_ext.tiny_model import save_tiny_model  # noqa: E402
 
 SPIKE_EVERY = 50
 WARMUP = 25

@@ -131,7 +131,7 @@ def write_json(results: list[dict], path: str) -> None:
 
 
 def plot(results: list[dict], path: str) -> None:
-    from trl_grpo_ext.callbacks import plot_policy_groups
+    from trl_grpo_ext.reporting.plots import plot_policy_groups
 
     staged = next(r for r in results if r["variant"] != "groups" and r.get("log"))
     print(f"Saved {plot_policy_groups(staged['log'], path)} ({staged['mix']}, seed {staged['seed']})")
@@ -166,7 +166,7 @@ def main() -> None:
             plot(results, args.plot)
         return
     args.seeds = args.seeds or [0, 1, 2]
-    from trl_grpo_ext.tiny_model import save_tiny_model
+    from trl_grpo_ext.cli.tiny_model import save_tiny_model
 
     results = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -295,7 +295,7 @@ def main() -> None:
     variants, previous = prepared
     if args.oracle:
         variants[ORACLE] = ORACLE
-    from trl_grpo_ext.tiny_model import save_tiny_model
+    from trl_grpo_ext.cli.tiny_model import save_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(save_tiny_model(f"{tmp}/tiny"))

@@ -168,7 +168,7 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     previous = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).is_file() else []
     done = {(r["mix"], r["seed"], r["variant"]) for r in previous}
-    from trl_grpo_ext.tiny_model import save_tiny_model
+    from trl_grpo_ext.cli.tiny_model import save_tiny_model
 
     variants = {family: dict(by_name) for family, by_name in VARIANTS.items()}
     for added in args.add:

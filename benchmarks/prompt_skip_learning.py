@@ -112,7 +112,7 @@ def main() -> None:
             if name in args.variants and r["mix"] in args.mixes and r["seed"] in args.seeds:
                 previous.append({**r, "variant": name})
     done = {(r["mix"], r["seed"], r["variant"]) for r in previous}
-    from trl_grpo_ext.tiny_model import save_tiny_model
+    from trl_grpo_ext.cli.tiny_model import save_tiny_model
 
     results = list(previous)
     with tempfile.TemporaryDirectory() as tmp:

@@ -21,8 +21,8 @@ from datasets import Dataset
 from transformers import PrinterCallback
 from trl.trainer.utils import RepeatSampler
 
+from trl_grpo_ext.cli.tiny_model import save_tiny_model
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
-from trl_grpo_ext.tiny_model import save_tiny_model
 
 
 def sampler_case() -> None:

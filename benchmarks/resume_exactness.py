@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from tests import resume_check  # noqa: E402
 from tests.test_resume import CONFIGS  # noqa: E402
 from trl_grpo_ext import GRPOConfig, GRPOTrainer  # noqa: E402
-from trl_grpo_ext.tiny_model import save_tiny_model  # noqa: E402
+from trl_grpo_ext.cli.tiny_model import save_tiny_model  # noqa: E402
 
 
 def measure(config: dict, model_dir: str, stock: bool) -> tuple[float, float, bool]:

@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=40)
     parser.add_argument("--output-dir", type=Path, help="write static_cache_reuse.txt there (default: print only)")
     args = parser.parse_args()
-    from trl_grpo_ext.tiny_model import save_tiny_model
+    from trl_grpo_ext.cli.tiny_model import save_tiny_model
 
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:

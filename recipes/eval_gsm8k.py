@@ -13,17 +13,17 @@ Errors: the model path and the data are checked before the model is loaded. A us
 folder, bad data, an unknown option: "did you mean `--max_new_tokens`?") prints one line, `eval_gsm8k.py: error:
 <what is wrong, the value, the fix>`, and exits with code 1 (2 for an unknown option); `--debug` (or
 `TRL_GRPO_EXT_DEBUG=1`) shows the full traceback instead, and the known harmless start-up warnings the script hides
-(`trl_grpo_ext.entry_points`).
+(`trl_grpo_ext.cli.errors`).
 """
 
 import json
 import os
 import sys
 
-from trl_grpo_ext import entry_points
+from trl_grpo_ext.cli import errors
 
 if __name__ == "__main__":  # before TRL's imports, which log bitsandbytes' CPU-kernel line
-    entry_points.quiet_script_start()
+    errors.quiet_script_start()
 
 from dataclasses import dataclass, field
 
@@ -87,7 +87,7 @@ def chat_template_kwargs_of(args: EvalArguments) -> dict:
 
 
 def main(args: EvalArguments) -> dict:
-    entry_points.check_model_path("model_name_or_path", args.model_name_or_path)  # a missing folder fails here
+    errors.check_model_path("model_name_or_path", args.model_name_or_path)  # a missing folder fails here
     dataset = load_gsm8k("test", args.dataset_path, limit=args.limit)  # fails on bad data before loading the model
     chat_template_kwargs = chat_template_kwargs_of(args)
     set_seed(args.seed)
@@ -113,18 +113,18 @@ PROG = "eval_gsm8k.py"
 
 def make_parser() -> HfArgumentParser:
     # allow_abbrev=False: a typo'd option is an error with "did you mean", not the option it is the start of
-    return HfArgumentParser(EvalArguments, prog=PROG, epilog=entry_points.DEBUG_HELP, allow_abbrev=False)
+    return HfArgumentParser(EvalArguments, prog=PROG, epilog=errors.DEBUG_HELP, allow_abbrev=False)
 
 
 def _cli(argv: list[str]) -> None:
-    (eval_args,) = entry_points.parse_command_line(make_parser(), argv)
+    (eval_args,) = errors.parse_command_line(make_parser(), argv)
     main(eval_args)
 
 
 def cli(argv: list[str] | None = None) -> int:
     """The script run from the command line (`argv` defaults to `sys.argv[1:]`); returns the exit code, 1 or 2 for a
-    user error printed as one line (`trl_grpo_ext.entry_points.run`)."""
-    return entry_points.run(_cli, sys.argv[1:] if argv is None else argv, prog=PROG)
+    user error printed as one line (`trl_grpo_ext.cli.errors.run`)."""
+    return errors.run(_cli, sys.argv[1:] if argv is None else argv, prog=PROG)
 
 
 if __name__ == "__main__":

@@ -16,15 +16,15 @@ Errors: everything that needs no model is checked before one is built or loaded 
 or on the command line, with "did you mean `policy_group_column`?", the values, the packages, the reward names, the
 model path, the data). A user error prints one line, `math_gsm8k.py: error: <what is wrong, the value, the fix>`, and
 exits with code 1 (2 for an unknown key or a missing config file); `--debug` (or `TRL_GRPO_EXT_DEBUG=1`) shows the
-full traceback instead, and the known harmless start-up warnings the recipe hides (`trl_grpo_ext.entry_points`).
+full traceback instead, and the known harmless start-up warnings the recipe hides (`trl_grpo_ext.cli.errors`).
 """
 
 import sys
 
-from trl_grpo_ext import entry_points
+from trl_grpo_ext.cli import errors
 
 if __name__ == "__main__":  # before TRL's imports, which log bitsandbytes' CPU-kernel line
-    entry_points.quiet_script_start()
+    errors.quiet_script_start()
 
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +35,8 @@ from trl import ModelConfig, TrlParser, get_peft_config, get_quantization_config
 from trl.rewards import get_soft_overlong_punishment
 
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
-from trl_grpo_ext.callbacks import MetricsTableCallback
+from trl_grpo_ext.cli.optional_dependencies import check_optional_dependencies, deepspeed_requested
+from trl_grpo_ext.cli.tiny_model import save_tiny_model
 from trl_grpo_ext.consumer_gpu import presets
 from trl_grpo_ext.generation.checks import model_setting_problem
 from trl_grpo_ext.gsm8k.data import load_gsm8k, synthetic_gsm8k, to_grpo_rows
@@ -47,9 +48,8 @@ from trl_grpo_ext.gsm8k.evaluation import (
     write_results,
 )
 from trl_grpo_ext.gsm8k.rewards import REWARD_FUNCS
-from trl_grpo_ext.requirements import check_optional_dependencies, deepspeed_requested
+from trl_grpo_ext.reporting.callbacks import MetricsTableCallback
 from trl_grpo_ext.resume import last_complete_checkpoint
-from trl_grpo_ext.tiny_model import save_tiny_model
 
 
 @dataclass
@@ -135,7 +135,7 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
             "model_name_or_path is required: a Hub id or a local folder (e.g. --model_name_or_path "
             "HuggingFaceTB/SmolLM2-135M-Instruct), or --tiny_model true for the tiny random model of the CPU demo"
         )
-    entry_points.check_model_path("model_name_or_path", model_args.model_name_or_path)
+    errors.check_model_path("model_name_or_path", model_args.model_name_or_path)
     quantized = model_args.load_in_4bit or model_args.load_in_8bit
     problem = model_setting_problem(training_args, lora=model_args.use_peft, quantized=quantized)
     if problem is not None:
@@ -191,7 +191,7 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
     try:
         trainer.train(resume_from_checkpoint=True if str(resume).lower() == "true" else resume)
     except KeyboardInterrupt:  # Ctrl-C: the entry point says which checkpoint is complete and how to resume
-        raise entry_points.Interrupted(training_args.output_dir, trainer.state.global_step, __file__) from None
+        raise errors.Interrupted(training_args.output_dir, trainer.state.global_step, __file__) from None
     if trainer.run_already_complete:  # a finished job relaunched: its saved model and evaluation stay as they are
         print(f"Run already complete at step {trainer.state.global_step}: nothing saved or evaluated")
         trainer.end()
@@ -253,23 +253,23 @@ def make_parser() -> TrlParser:
         (GSM8KScriptArguments, GRPOConfig, ModelConfig),
         prog=PROG,
         usage="%(prog)s --config FILE.yaml [--FIELD VALUE ...]",  # argparse's own lists all ~300 fields
-        epilog=entry_points.DEBUG_HELP,
+        epilog=errors.DEBUG_HELP,
         allow_abbrev=False,  # a typo'd option is an error with "did you mean", not a field it is the start of
     )
 
 
 def _cli(argv: list[str]) -> None:
     parser = make_parser()
-    entry_points.check_config_file(parser, argv, examples="recipes/configs/*.yaml")  # before anything reads it
+    errors.check_config_file(parser, argv, examples="recipes/configs/*.yaml")  # before anything reads it
     # Before parsing: TrainingArguments builds its DeepSpeed plugin while parsing, and fails deep inside without it.
     check_optional_dependencies(deepspeed=deepspeed_requested(argv))
-    main(*entry_points.parse_command_line(parser, argv))
+    main(*errors.parse_command_line(parser, argv))
 
 
 def cli(argv: list[str] | None = None) -> int:
     """The recipe run from the command line (`argv` defaults to `sys.argv[1:]`); returns the exit code, 1 or 2 for a
-    user error printed as one line (`trl_grpo_ext.entry_points.run`)."""
-    return entry_points.run(_cli, sys.argv[1:] if argv is None else argv, prog=PROG)
+    user error printed as one line (`trl_grpo_ext.cli.errors.run`)."""
+    return errors.run(_cli, sys.argv[1:] if argv is None else argv, prog=PROG)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def trl_keeps_its_classes():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
-    from trl_grpo_ext.tiny_model import save_tiny_model
+    from trl_grpo_ext.cli.tiny_model import save_tiny_model
 
     return str(save_tiny_model(tmp_path_factory.mktemp("tiny-model")))
 

@@ -5,6 +5,8 @@ of the trainer core, and the config documents exactly the fields it has."""
 import ast
 import dataclasses
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,15 +71,31 @@ def test_a_regroup_event_names_each_new_groups_parents():
 
 def test_task_support_and_the_estimator_stay_out_of_the_trainer_core():
     """The trainer, its config and features import nothing of `gsm8k` or `consumer_gpu`."""
-    names = ("trainer.py", "config.py", "features.py", "registry.py", "trl_contact.py", "resume.py", "field_checks.py",
-             "dataset_checks.py", "messages.py")  # fmt: skip
-    core = [PACKAGE / name for name in names]
-    core += [path for folder in ("policy_groups", "entropy", "grad_reg", "generation")
-             for path in (PACKAGE / folder).glob("*.py")]  # fmt: skip
-    core += list((PACKAGE / "doctor").glob("*.py"))
-    for path in core:
+    for path in _core_modules():
         bad = [name for name in _imports(path) if "gsm8k" in name or "consumer_gpu" in name]
         assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
+
+
+def test_the_library_core_imports_nothing_of_the_tools():
+    """Issue #34: the library core (the trainer, its config and features, the feature folders) imports nothing of
+    `cli` (the command line, its errors, export, the tiny model, the optional-dependency checks) or `reporting` (the
+    metrics table and plots). One exception: the run doctor reads the metrics log the reporting callback writes,
+    by its file name (`reporting.callbacks.HISTORY_NAME`, in `doctor/run_dir.py`, which only the command loads)."""
+    doctor_reads = {"trl_grpo_ext.reporting.callbacks", "trl_grpo_ext.reporting.callbacks.HISTORY_NAME"}
+    tools = ("trl_grpo_ext.cli", "trl_grpo_ext.reporting")
+    core = _core_modules()
+    assert {"trainer.py", "config.py", "command_name.py", "run_dir.py"} <= {path.name for path in core}
+    for path in core:
+        bad = [name for name in _imports(path) if any(name == tool or name.startswith(f"{tool}.") for tool in tools)]
+        if path.parent.name == "doctor":
+            bad = [name for name in bad if name not in doctor_reads]
+        assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
+    # and what importing the trainer loads, through every module it imports: none of the tools, no task support
+    code = "import sys, trl_grpo_ext.trainer; print(' '.join(sorted(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    outside = ("trl_grpo_ext.cli", "trl_grpo_ext.reporting", "trl_grpo_ext.gsm8k", "trl_grpo_ext.consumer_gpu")
+    assert "trl_grpo_ext.trainer" in loaded.stdout.split()
+    assert not [name for name in loaded.stdout.split() if name.startswith(outside)]
 
 
 def test_every_package_folder_says_what_lives_there():
@@ -182,6 +200,25 @@ def test_config_docstring_and_help_describe_the_same_fields():
     for f in ours:
         assert f.metadata.get("help"), f"{f.name} has no help text"
         assert sum(f"        {f.name} (`" in section for section in sections) == 1, f.name
+
+
+# The library core: the trainer, its config and the modules they share (the contact surface with TRL a module or a
+# package), and the feature folders. The tools (`cli`, `reporting`), task support (`gsm8k`) and the consumer-GPU
+# presets (`consumer_gpu`) are not part of it, nor are the old-path shims of moved modules.
+CORE_MODULES = ("trainer.py", "config.py", "features.py", "registry.py", "registration.py", "resume.py",
+                "field_checks.py", "dataset_preparation.py", "completion_text.py", "command_name.py")  # fmt: skip
+FEATURE_FOLDERS = ("policy_groups", "prompt_skip", "entropy", "grad_reg", "generation", "doctor")
+
+
+def _core_modules() -> list[Path]:
+    """The files of the library core (`CORE_MODULES`, `trl_contact.py` or the `trl_contact/` package, and every
+    module of `FEATURE_FOLDERS`); each exists."""
+    core = [PACKAGE / name for name in CORE_MODULES]
+    core += sorted(PACKAGE.glob("trl_contact*.py")) + sorted(PACKAGE.glob("trl_contact/*.py"))
+    core += [path for folder in FEATURE_FOLDERS for path in sorted((PACKAGE / folder).glob("*.py"))]
+    assert all(path.is_file() for path in core)
+    assert any("trl_contact" in path.relative_to(PACKAGE).parts[0] for path in core)
+    return core
 
 
 def _imports(path: Path) -> list[str]:

@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from trl_grpo_ext.callbacks import MetricsTableCallback
+from trl_grpo_ext.reporting.callbacks import MetricsTableCallback
 
 
 def test_table_rows_history_and_plot(tmp_path, capsys):

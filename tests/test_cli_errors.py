@@ -13,7 +13,8 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.test_recipes import load_recipe
-from trl_grpo_ext import cli, entry_points
+from trl_grpo_ext import cli, command_name
+from trl_grpo_ext.cli import errors
 from trl_grpo_ext.gsm8k.data import DatasetFormatError
 
 DEMO = str(REPO_ROOT / "recipes/configs/demo_cpu.yaml")
@@ -22,7 +23,7 @@ MISSING_MODEL_FIX = "give a model, checkpoint or LoRA adapter folder, or a Hub i
 
 @pytest.fixture(autouse=True)
 def no_debug_env(monkeypatch):
-    monkeypatch.delenv(entry_points.DEBUG_ENV, raising=False)
+    monkeypatch.delenv(errors.DEBUG_ENV, raising=False)
 
 
 @pytest.fixture
@@ -113,7 +114,7 @@ def test_user_error_is_one_line_and_debug_raises(capsys, tmp_path, grpo_config, 
     assert line.startswith(f"{prog}: error: {parts[0] if code == 2 else ''}"), line
     assert all(part in line for part in parts), line
     assert line.endswith("(run with --debug for the traceback)") == (code == 1), line
-    with pytest.raises(entry_points.USER_ERRORS, match=re.escape(parts[0])):
+    with pytest.raises(errors.USER_ERRORS, match=re.escape(parts[0])):
         run([*argv, "--debug"])  # the switch: the exception itself, which Python prints with its traceback
     assert not (tmp_path / "out" / "tiny-model").exists()  # every check ran before a model was built
 
@@ -227,7 +228,7 @@ def test_bugs_keep_their_traceback():
         raise KeyError("a bug")
 
     with pytest.raises(KeyError):
-        entry_points.run(buggy, [], prog="x")
+        errors.run(buggy, [], prog="x")
 
 
 @pytest.mark.parametrize(
@@ -240,11 +241,11 @@ def test_bugs_keep_their_traceback():
     ],
 )
 def test_debug_flag(argv, rest, debug):
-    assert entry_points.pop_debug_flag(argv) == (rest, debug)
+    assert errors.pop_debug_flag(argv) == (rest, debug)
 
 
 def test_debug_env(monkeypatch):
-    monkeypatch.setenv(entry_points.DEBUG_ENV, "1")
+    monkeypatch.setenv(errors.DEBUG_ENV, "1")
     with pytest.raises(ValueError, match="You provided 1"):
         run_recipe(["--config", DEMO, "--num_generations", "1"])
 
@@ -265,20 +266,20 @@ def test_quiet_start_hides_only_the_known_messages(debug):
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            entry_points.quiet_start(debug)
+            errors.quiet_start(debug)
             warnings.warn(GC_WARNING, FutureWarning, stacklevel=1)
             warnings.warn("`other` is deprecated", FutureWarning, stacklevel=1)
             logger.warning(BNB_MESSAGE, "No module named 'kernels'")
             logger.warning("another bitsandbytes message")
     finally:
         logger.removeHandler(handler)
-        entry_points.quiet_start(debug=True)  # takes the log filter off again
+        errors.quiet_start(debug=True)  # takes the log filter off again
     assert [str(w.message) for w in caught] == ([GC_WARNING] if debug else []) + ["`other` is deprecated"]
     assert [r.msg for r in records] == ([BNB_MESSAGE] if debug else []) + ["another bitsandbytes message"]
 
 
 def _subprocess(args, **env):
-    environ = {key: value for key, value in os.environ.items() if key != entry_points.DEBUG_ENV}
+    environ = {key: value for key, value in os.environ.items() if key != errors.DEBUG_ENV}
     environ.update(HF_HUB_OFFLINE="1", **env)
     return subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=environ)
 
@@ -310,11 +311,11 @@ def debug_process() -> tuple[subprocess.CompletedProcess, str, str]:
         "import logging, os, runpy, sys, traceback, warnings\n"
         "import trl_grpo_ext.trainer\n"  # the package and all it imports: TRL, datasets... add filters of their own
         "before = list(warnings.filters)\n"
-        "from trl_grpo_ext import cli, entry_points\n"
+        "from trl_grpo_ext import cli\nfrom trl_grpo_ext.cli import errors\n"
         "from trl_grpo_ext.registration import is_registered\n"
         "assert warnings.filters == before and not logging.getLogger('bitsandbytes.backends.cpu.ops').filters\n"
         "assert not is_registered()\n"  # importing registers nothing: only register() and the grpo command do
-        f"os.environ[entry_points.DEBUG_ENV] = '1'\n"
+        f"os.environ[errors.DEBUG_ENV] = '1'\n"
         f"sys.argv = ['recipes/math_gsm8k.py', '--config', {DEMO!r}, '--num_generations', '3']\n"
         "try:\n"
         "    runpy.run_path('recipes/math_gsm8k.py', run_name='__main__')\n"
@@ -366,7 +367,7 @@ def test_the_command_named_in_messages_runs_from_here(monkeypatch, tmp_path):
     """Issue #30: right after `make demo` the venv is not activated, so `trl-grpo-ext` is not on PATH: the messages
     name the script in the venv, or `python -m trl_grpo_ext.cli` when there is none."""
     monkeypatch.setenv("PATH", str(tmp_path))  # no trl-grpo-ext on PATH
-    command = entry_points.cli_command()
+    command = command_name.cli_command()
     beside = Path(sys.executable).parent / "trl-grpo-ext"
     if beside.is_file():
         assert Path(command).resolve() == beside.resolve()

@@ -6,7 +6,7 @@ from datasets import Dataset
 
 from tests.conftest import small_grpo_kwargs
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
-from trl_grpo_ext.dataset_checks import reward_columns
+from trl_grpo_ext.dataset_preparation import reward_columns
 from trl_grpo_ext.gsm8k.rewards import gsm8k_accuracy, gsm8k_format
 
 NO_MODEL = "/nonexistent/model-that-is-never-loaded"

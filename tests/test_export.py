@@ -11,7 +11,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
-from trl_grpo_ext.export import cli, export_merged, find_export_source
+from trl_grpo_ext.cli.export import cli, export_merged, find_export_source
 from trl_grpo_ext.resume import write_manifest
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # the presets' LoRA targets
@@ -254,7 +254,7 @@ def test_a_merge_that_would_change_the_logits_is_refused(tiny_model_dir, tmp_pat
     """Without untying, a LoRA on tied embeddings merges into both (the issue's export: logits off by up to 20.7);
     the probe check refuses it, one line, and writes nothing."""
     _tied_adapter_run(tiny_model_dir, TIED_ADAPTERS["lora_embed_tokens"][0], tmp_path / "run")
-    monkeypatch.setattr("trl_grpo_ext.export.untie_adapted_embeddings", lambda model: None)
+    monkeypatch.setattr("trl_grpo_ext.cli.export.untie_adapted_embeddings", lambda model: None)
 
     with pytest.raises(ValueError, match=r"the merged model's logits differ from the adapter model's by up to \d"):
         export_merged(tmp_path / "run", tmp_path / "out", dtype="float32")

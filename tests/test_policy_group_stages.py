@@ -14,7 +14,6 @@ from tests.conftest import small_grpo_kwargs
 from tests.resume_check import check_resume
 from tests.two_process import full_records, two_process
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
-from trl_grpo_ext.callbacks import plot_policy_groups, stage_spans
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 from trl_grpo_ext.policy_groups.stages import (
     StageSchedule,
@@ -26,6 +25,7 @@ from trl_grpo_ext.policy_groups.stages import (
     uniform_draw,
 )
 from trl_grpo_ext.policy_groups.state import PolicyGroupState
+from trl_grpo_ext.reporting.plots import plot_policy_groups, stage_spans
 
 D = torch.float64
 

@@ -187,7 +187,7 @@ def test_every_feature_with_lora_resumes_inside_a_cycle_on_cpu(tmp_path, tiny_mo
 
 def main() -> None:
     """Every case on the CPU in fp32 (the CUDA tests' logic, for debugging without a GPU)."""
-    from trl_grpo_ext.tiny_model import save_tiny_model
+    from trl_grpo_ext.cli.tiny_model import save_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(save_tiny_model(Path(tmp) / "tiny-model"))

@@ -5,9 +5,14 @@
 `register()` makes `from trl import GRPOConfig, GRPOTrainer` return this package's classes, for scripts that cannot
 be edited (TRL's own `trl/scripts/grpo.py`); `unregister()` restores TRL's.
 
-The four names are imported on first use (PEP 562 module `__getattr__`), so that `import trl_grpo_ext.entry_points`
+The four names are imported on first use (PEP 562 module `__getattr__`), so that `import trl_grpo_ext.cli.errors`
 or `trl-grpo-ext --help` does not load torch, transformers and TRL, and an entry point can set its quiet-start
-filters (`entry_points.quiet_start`) before TRL's imports log anything.
+filters (`cli.errors.quiet_start`) before TRL's imports log anything.
+
+The library core is this folder's modules and the feature folders (`policy_groups`, `prompt_skip`, `entropy`,
+`grad_reg`, `generation`, `doctor`); the tools are in `cli` (the `trl-grpo-ext` command, its error handling,
+export, the tiny model, optional-dependency checks) and `reporting` (the metrics table and plots); task support
+is in `gsm8k` and the consumer-GPU presets and memory estimate in `consumer_gpu`.
 """
 
 import importlib

@@ -19,7 +19,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotat
 from trl.trainer.utils import get_config_model_id
 
 from .config import GRPOConfig, TRLGRPOConfig, policy_grouping_requested
-from .dataset_checks import check_dataset_columns, with_row_column
+from .dataset_preparation import check_dataset_columns, with_row_column
 from .doctor.feature import RunDoctor
 from .entropy.feature import EntropyReg
 from .features import Feature, Regroup

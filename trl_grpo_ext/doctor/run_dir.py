@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..callbacks import HISTORY_NAME
+from ..reporting.callbacks import HISTORY_NAME
 from .series import GRPO_KEYS, has_step, is_grpo_log, training_rows
 
 STATE_NAME = "trainer_state.json"

@@ -29,7 +29,7 @@ import sympy
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 
-from ..messages import message_text
+from ..completion_text import message_text
 from . import bounded
 from .bounded import run_bounded
 

@@ -15,8 +15,8 @@ from datasets import Dataset
 from sklearn.cluster import KMeans
 from sklearn.feature_extraction.text import TfidfVectorizer
 
-from ..dataset_checks import ROW_COLUMN
-from ..messages import message_text
+from ..completion_text import message_text
+from ..dataset_preparation import ROW_COLUMN
 
 KMEANS_N_INIT = 10  # k-means++ restarts; the best inertia wins (Arthur & Vassilvitskii, 2007)
 

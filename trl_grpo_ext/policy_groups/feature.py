@@ -8,7 +8,7 @@ import torch
 from accelerate.utils import gather_object
 
 from ..config import policy_grouping_requested, stages_requested
-from ..dataset_checks import ROW_COLUMN
+from ..dataset_preparation import ROW_COLUMN
 from ..features import Feature, Regroup, local_rows, prompts_per_draw, total_rewards
 from ..trl_contact import log_total, loss_mask, metrics
 from . import regrouping

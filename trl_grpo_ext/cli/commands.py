@@ -15,33 +15,33 @@ Errors: a user error (a bad value, a missing file, an unknown key) prints one li
 <what is wrong, the value, the fix>`, and exits with code 1 (2 for an unknown command, option or config key).
 `--debug` (before or after the command; `--debug VALUE` stays TrainingArguments' own option) or
 `TRL_GRPO_EXT_DEBUG=1` shows the full traceback instead, and the known harmless start-up warnings this command
-hides (`trl_grpo_ext.entry_points`).
+hides (`trl_grpo_ext.cli.errors`).
 """
 
 import argparse
 import sys
 from pathlib import Path
 
-from . import entry_points
+from . import errors
 
 
 def _grpo(argv: list[str]) -> int:
-    from . import register
+    from .. import register
 
     register()  # before TRL's script imports GRPOConfig / GRPOTrainer inside its functions
     from trl.scripts import grpo
 
     parser = grpo.make_parser(prog="trl-grpo-ext grpo")
     parser.usage = "%(prog)s [--config FILE.yaml] [--FIELD VALUE ...]"  # argparse's own lists all ~300 fields
-    parser.epilog = entry_points.DEBUG_HELP
+    parser.epilog = errors.DEBUG_HELP
     parser.allow_abbrev = False  # a typo'd option is an error with "did you mean", not the option it is the start of
-    script_args, training_args, model_args, dataset_args = entry_points.parse_command_line(parser, argv)
+    script_args, training_args, model_args, dataset_args = errors.parse_command_line(parser, argv)
     # Before TRL's script loads a dataset, reward model or model: the paths it would fail on deep inside.
     if model_args.model_name_or_path is None:
         raise ValueError("model_name_or_path is not set: pass --model_name_or_path (a model folder or a Hub id)")
-    entry_points.check_model_path("model_name_or_path", model_args.model_name_or_path)
+    errors.check_model_path("model_name_or_path", model_args.model_name_or_path)
     fix = "give a Hub dataset id, or a local folder or file that datasets.load_dataset reads"
-    entry_points.check_local_path("dataset_name", script_args.dataset_name, fix)
+    errors.check_local_path("dataset_name", script_args.dataset_name, fix)
     grpo.main(script_args, training_args, model_args, dataset_args)
     return 0
 
@@ -52,7 +52,7 @@ def _tiny_model(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="trl-grpo-ext tiny-model",
         description="Write a tiny random-init Qwen2 model.",
-        epilog=entry_points.DEBUG_HELP,
+        epilog=errors.DEBUG_HELP,
     )
     parser.add_argument("output_dir", help="folder to write the model and tokenizer into (new or empty)")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
@@ -83,14 +83,14 @@ def _positive(kind):
 
 
 def _memory(argv: list[str]) -> int:
-    from .consumer_gpu import memory, presets
+    from ..consumer_gpu import memory, presets
 
     parser = argparse.ArgumentParser(
         prog="trl-grpo-ext memory",
         description="Estimated peak GPU memory of a recipe config, term by term (trl_grpo_ext.consumer_gpu.memory); "
         "no download. "
         "Any other --field value pair overrides the config. Exit code 1 when the peak is above 90% of --card-gib.",
-        epilog=entry_points.DEBUG_HELP,
+        epilog=errors.DEBUG_HELP,
     )
     parser.add_argument("--config", required=True, help="recipe YAML (GRPOConfig and ModelConfig fields)")
     parser.add_argument(
@@ -104,7 +104,7 @@ def _memory(argv: list[str]) -> int:
     )
     parser.add_argument("--model-config", help="the model's config.json (default: known models, local folders)")
     args, overrides = parser.parse_known_args(argv)
-    entry_points.read_config_file(args.config, examples="recipes/configs/*.yaml")  # a UsageError: one line
+    errors.read_config_file(args.config, examples="recipes/configs/*.yaml")  # a UsageError: one line
     training_args, model_args = presets.load_config(args.config, *overrides)  # a rejected value: ValueError
     if not (args.model_config or model_args.model_name_or_path):
         raise ValueError(
@@ -138,15 +138,15 @@ def _export(argv: list[str]) -> int:
 
 
 def _doctor(argv: list[str]) -> int:
-    from .doctor.checks import CHECKS, diagnose
-    from .doctor.run_dir import load_run
+    from ..doctor.checks import CHECKS, diagnose
+    from ..doctor.run_dir import load_run
 
     parser = argparse.ArgumentParser(
         prog="trl-grpo-ext doctor",
         description="The run doctor's checks on a GRPO run's output folder (finished or running): a short report of "
         "what is wrong, with the evidence and the setting to change, and one PNG dashboard of the run. "
         "Exit code 0 whether or not there are findings (1: the folder holds no GRPO log).",
-        epilog=entry_points.DEBUG_HELP,
+        epilog=errors.DEBUG_HELP,
     )
     parser.add_argument("run_dir", help="the run's output_dir (or one trainer_state.json / training_metrics.jsonl)")
     parser.add_argument("--png", help="where to write the dashboard: a .png file or a folder (default: RUN_DIR)")
@@ -156,7 +156,7 @@ def _doctor(argv: list[str]) -> int:
     checks = [name.strip() for name in (args.checks or "").split(",") if name.strip()] or None
     unknown = [name for name in checks or () if name not in CHECKS]
     if unknown:
-        raise ValueError(entry_points.unknown_names_message("--checks", "check", unknown, CHECKS,
+        raise ValueError(errors.unknown_names_message("--checks", "check", unknown, CHECKS,
                                                             f"the checks are {', '.join(CHECKS)}"))  # fmt: skip
     run_dir = Path(args.run_dir)
     png = None
@@ -176,7 +176,7 @@ def _doctor(argv: list[str]) -> int:
         print(f"note: {note}")
     print(diagnosis.report())
     if png is not None:
-        from .doctor.dashboard import plot_dashboard
+        from ..doctor.dashboard import plot_dashboard
 
         print(f"Saved {plot_dashboard(run.rows, diagnosis, str(png), title=run_dir.resolve().name)}")
     return 0
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     1 for a user error, 2 for an unknown command, option or config key (see the module docstring)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = False
-    while argv[:1] == ["--debug"]:  # before the command; after it, `entry_points.run` takes it out
+    while argv[:1] == ["--debug"]:  # before the command; after it, `errors.run` takes it out
         debug = True
         argv.pop(0)
     if not argv or argv[0] in ("-h", "--help"):
@@ -201,12 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(USAGE, file=sys.stderr)
         print(
-            f"trl-grpo-ext: error: unknown command {command!r}{entry_points.did_you_mean(command, COMMANDS)}",
+            f"trl-grpo-ext: error: unknown command {command!r}{errors.did_you_mean(command, COMMANDS)}",
             file=sys.stderr,
         )
         return 2
-    return entry_points.run(COMMANDS[command], rest, prog=f"trl-grpo-ext {command}", debug=debug)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return errors.run(COMMANDS[command], rest, prog=f"trl-grpo-ext {command}", debug=debug)
