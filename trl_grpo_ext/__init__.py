@@ -12,7 +12,9 @@ filters (`cli.errors.quiet_start`) before TRL's imports log anything.
 The library core is this folder's modules and the feature folders (`policy_groups`, `prompt_skip`, `entropy`,
 `grad_reg`, `generation`, `doctor`); the tools are in `cli` (the `trl-grpo-ext` command, its error handling,
 export, the tiny model, optional-dependency checks) and `reporting` (the metrics table and plots); task support
-is in `gsm8k` and the consumer-GPU presets and memory estimate in `consumer_gpu`.
+is in `gsm8k` and the consumer-GPU presets and memory estimate in `consumer_gpu`. The old paths of moved modules
+(`callbacks`, `entry_points`, `export`, `messages`, `dataset_checks`, `requirements`, `tiny_model`) are shims that
+warn once, naming the new path, and re-export it.
 """
 
 import importlib
