@@ -79,7 +79,7 @@ def corpus(generated: bool) -> str:
     texts = [page.read_text(encoding="utf-8") for page in pages]
     if generated:
         sys.path.insert(0, str(ROOT / "docs" / "hooks"))
-        import reference  # noqa: PLC0415 (docs/hooks/reference.py, which needs griffe)
+        import reference  # docs/hooks/reference.py, which needs griffe
 
         docstring = reference.fill_placeholders(reference.config_docstring(str(ROOT)), str(ROOT))
         texts.append(reference.config_tables(docstring))

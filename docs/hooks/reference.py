@@ -10,16 +10,20 @@ is imported, so the docs build needs no torch):
 - `<!-- generated: GSM8KScriptArguments -->`: the GSM8K recipe's script fields, from the dataclass in
   `recipes/math_gsm8k.py` (name, default, `help` metadata).
 
-A marker that is missing, or a docstring without such sections, fails the build.
+A marker that is missing, or a docstring without such sections, fails the build. `tests/test_docs.py` checks that
+the tables list every field (it imports this module without MkDocs).
 """
 
 import ast
+import inspect
 import os
 import re
 import textwrap
 
-import griffe
-from mkdocs.exceptions import PluginError
+try:
+    from mkdocs.exceptions import PluginError
+except ImportError:  # imported without MkDocs (tests/test_docs.py): the same checks, as ValueError
+    PluginError = ValueError
 
 PAGE = "configuration.md"
 CONFIG_MARKER = "<!-- generated: GRPOConfig -->"
@@ -33,6 +37,8 @@ def _cell(text: str) -> str:
 
 def config_docstring(root: str) -> str:
     """The class docstring of `trl_grpo_ext.GRPOConfig`, read statically."""
+    import griffe  # the docs extra's (mkdocstrings' static analysis)
+
     package = griffe.load("trl_grpo_ext", search_paths=[root], resolve_aliases=True, resolve_external=False)
     config = package["GRPOConfig"]
     if config.docstring is None:
@@ -85,7 +91,7 @@ def fill_placeholders(docstring: str, root: str) -> str:
 
 def config_tables(docstring: str) -> str:
     """Markdown: per `> Parameters that control X` section, a `## X` heading, its prose and a table of its fields."""
-    lines = docstring.split("\n")
+    lines = inspect.cleandoc(docstring).split("\n")
     try:
         start = lines.index("Parameters:") + 1
     except ValueError as error:
