@@ -3,10 +3,12 @@
 #   make test   create .venv, install, run the test suite
 # and for CI: make test-oldest   the contact-surface subset of the suite against the oldest trl/transformers allowed
 #             make wheel-check   the wheel built, installed into a clean venv, imported and its command run from there
+#             make docs          the documentation site (docs/, mkdocs.yml) built into site/, warnings as errors
+# make docs-serve serves the site at http://127.0.0.1:8000 and rebuilds it on every change.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-oldest wheel-check
+.PHONY: demo test test-oldest wheel-check docs docs-serve
 $(VENV)/.installed: pyproject.toml scripts/setup.sh scripts/torch_spec.sh scripts/pip_install.py
 	bash scripts/setup.sh $(VENV)
 
@@ -46,3 +48,29 @@ test-oldest: $(VENV)/.installed
 # no tests, benchmarks or recipes), then, in a clean venv with torch installed first, the import and the command.
 wheel-check: $(VENV)/.installed
 	bash scripts/wheel_check.sh $(VENV)
+
+# The `docs` extra's requirements as read from pyproject.toml, each quoted for xargs (installed alone: reinstalling the
+# package itself is not needed, `make test`'s set-up has done that)
+define DOCS_EXTRA
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    from pip._vendor import tomli as tomllib
+import shlex
+extra = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"]
+print(" ".join(shlex.quote(requirement) for requirement in extra))
+endef
+export DOCS_EXTRA
+
+# The documentation site: the `docs` extra (MkDocs, Material, mkdocstrings) installed into $(VENV) once (again when
+# pyproject.toml changes), then
+# `mkdocs build --strict`, so a broken link or anchor, or a docstring that cannot be rendered, fails (mkdocs.yml,
+# `validation:`). mkdocstrings reads the package statically: the build imports no torch.
+$(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
+	$(PY) -c "$$DOCS_EXTRA" | xargs $(PY) scripts/pip_install.py $(PY)
+	touch $@
+# NO_MKDOCS_2_WARNING: Material 9.7+ prints a banner about its end of life (May 2027) on every build, not a finding
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site $(ARGS)
+docs-serve: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve $(ARGS)

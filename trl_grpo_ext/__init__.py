@@ -18,6 +18,13 @@ warn once, naming the new path, and re-export it.
 """
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the names for static analysis (type checkers, the docs' griffe); at run time they come lazily
+    from .config import GRPOConfig as GRPOConfig
+    from .registration import register as register
+    from .registration import unregister as unregister
+    from .trainer import GRPOTrainer as GRPOTrainer
 
 __version__ = "0.1.0"
 _EXPORTS = {"GRPOConfig": "config", "GRPOTrainer": "trainer", "register": "registration", "unregister": "registration"}

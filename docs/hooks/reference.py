@@ -1,0 +1,211 @@
+"""MkDocs hook: the configuration reference, generated from the code when the site is built (no hand-copied table).
+
+`docs/configuration.md` holds two markers, each replaced by tables read by static analysis (griffe and `ast`; nothing
+is imported, so the docs build needs no torch):
+
+- `<!-- generated: GRPOConfig -->`: the fields this package adds, from the class docstring of
+  `trl_grpo_ext.GRPOConfig`, one table per `> Parameters that control ...` section (TRL's docstring style: a
+  `name (type, *optional*, defaults to value):` line, then its description indented below it); the prose of a
+  section comes before its table. A test keeps that docstring and the fields' `help` metadata in sync.
+- `<!-- generated: GSM8KScriptArguments -->`: the GSM8K recipe's script fields, from the dataclass in
+  `recipes/math_gsm8k.py` (name, default, `help` metadata).
+
+A marker that is missing, or a docstring without such sections, fails the build. `tests/test_docs.py` checks that
+the tables list every field (it imports this module without MkDocs).
+"""
+
+import ast
+import inspect
+import os
+import re
+import textwrap
+
+try:
+    from mkdocs.exceptions import PluginError
+except ImportError:  # imported without MkDocs (tests/test_docs.py): the same checks, as ValueError
+    PluginError = ValueError
+
+PAGE = "configuration.md"
+CONFIG_MARKER = "<!-- generated: GRPOConfig -->"
+SCRIPT_MARKER = "<!-- generated: GSM8KScriptArguments -->"
+FIELD = re.compile(r"^(\w+) \((.*)\):$")
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def config_docstring(root: str) -> str:
+    """The class docstring of `trl_grpo_ext.GRPOConfig`, read statically."""
+    import griffe  # the docs extra's (mkdocstrings' static analysis)
+
+    package = griffe.load("trl_grpo_ext", search_paths=[root], resolve_aliases=True, resolve_external=False)
+    config = package["GRPOConfig"]
+    if config.docstring is None:
+        raise PluginError("trl_grpo_ext.GRPOConfig has no docstring that static analysis can read")
+    return config.docstring.value
+
+
+def registered_modes(root: str, registry: str) -> str:
+    """`name` (summary); ... for each class decorated `@<registry>.register("name")` in the package, read with `ast`:
+    what `Registry.describe` fills into the docstring's `{<registry>}` placeholder when the package is imported."""
+    modes = []
+    for folder, _, names in sorted(os.walk(os.path.join(root, "trl_grpo_ext"))):
+        for name in sorted(names):
+            if not name.endswith(".py"):
+                continue
+            with open(os.path.join(folder, name), encoding="utf-8") as handle:
+                tree = ast.parse(handle.read())
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.ClassDef):
+                    continue
+                for decorator in node.decorator_list:
+                    if (
+                        isinstance(decorator, ast.Call)
+                        and isinstance(decorator.func, ast.Attribute)
+                        and decorator.func.attr == "register"
+                        and getattr(decorator.func.value, "id", None) == registry
+                    ):
+                        summary = next(
+                            (
+                                item.value.value
+                                for item in node.body
+                                if isinstance(item, ast.Assign)
+                                and [getattr(t, "id", None) for t in item.targets] == ["summary"]
+                                and isinstance(item.value, ast.Constant)
+                            ),
+                            None,
+                        )
+                        if summary is None:
+                            raise PluginError(f"{name}: mode class {node.name} has no constant `summary`")
+                        modes.append(f"`{decorator.args[0].value}` ({summary})")
+    if not modes:
+        raise PluginError(f"no mode registered in {registry}")
+    return "; ".join(modes) + "."
+
+
+def fill_placeholders(docstring: str, root: str) -> str:
+    """The docstring with each `{REGISTRY}` line replaced by the modes registered there."""
+    return re.sub(r"\{([A-Z_]+_MODES)\}", lambda match: registered_modes(root, match.group(1)), docstring)
+
+
+def config_tables(docstring: str) -> str:
+    """Markdown: per `> Parameters that control X` section, a `## X` heading, its prose and a table of its fields."""
+    lines = inspect.cleandoc(docstring).split("\n")
+    try:
+        start = lines.index("Parameters:") + 1
+    except ValueError as error:
+        raise PluginError("GRPOConfig's docstring has no 'Parameters:' section") from error
+    body = textwrap.dedent("\n".join(line for line in lines[start:])).split("\n")
+    sections = []  # [title, prose lines, [(name, kind, description lines)]]
+    for line in body:
+        if line.startswith("> Parameters that control "):
+            sections.append([line.removeprefix("> Parameters that control "), [], []])
+        elif not sections:
+            if line.strip():
+                raise PluginError(f"GRPOConfig's docstring: text before the first '> Parameters' header: {line!r}")
+        elif line and not line[0].isspace() and FIELD.match(line):
+            name, kind = FIELD.match(line).groups()
+            sections[-1][2].append((name, kind, []))
+        elif line and not line[0].isspace() and not line.startswith(" ") and sections[-1][2]:
+            raise PluginError(f"GRPOConfig's docstring: prose after a field in {sections[-1][0]!r}: {line!r}")
+        elif sections[-1][2]:
+            sections[-1][2][-1][2].append(line)
+        else:
+            sections[-1][1].append(line)
+    if not sections or not all(fields for _, _, fields in sections):
+        raise PluginError("GRPOConfig's docstring: no '> Parameters that control ...' section with fields")
+    out = []
+    for title, prose, fields in sections:
+        out += [f"## {title[0].upper()}{title[1:]}", "", " ".join(" ".join(prose).split()), ""]
+        out += ["| field | type and default | what it does |", "|---|---|---|"]
+        out += [f"| `{name}` | {_cell(kind)} | {_cell(' '.join(desc))} |" for name, kind, desc in fields]
+        out.append("")
+    return "\n".join(out)
+
+
+def _module_constant(root: str, tree: ast.Module, name: str):
+    """The value of the module-level constant `name` of `tree`, or of the `trl_grpo_ext` module it is imported from:
+    a literal, or a dict's keys (a registry of functions by name)."""
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("trl_grpo_ext"):
+            if any((alias.asname or alias.name) == name for alias in node.names):
+                path = os.path.join(root, *node.module.split("."))
+                path = os.path.join(path, "__init__.py") if os.path.isdir(path) else path + ".py"
+                with open(path, encoding="utf-8") as handle:
+                    return _module_constant(root, ast.parse(handle.read()), name)
+        targets = [node.target] if isinstance(node, ast.AnnAssign) else getattr(node, "targets", [])
+        if isinstance(node, ast.Assign | ast.AnnAssign) and [getattr(t, "id", None) for t in targets] == [name]:
+            if isinstance(node.value, ast.Dict):
+                return [ast.literal_eval(key) for key in node.value.keys]
+            return ast.literal_eval(node.value)
+    raise PluginError(f"cannot read the constant {name} statically")
+
+
+def _help_text(root: str, tree: ast.Module, node: ast.expr) -> str:
+    """A `help` string, an f-string's `{', '.join(NAME)}` parts filled from the constant NAME."""
+    if not isinstance(node, ast.JoinedStr):
+        return ast.literal_eval(node)
+    parts = []
+    for value in node.values:
+        if isinstance(value, ast.Constant):
+            parts.append(value.value)
+            continue
+        call = value.value
+        if not (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr == "join"
+            and isinstance(call.func.value, ast.Constant)
+            and len(call.args) == 1
+            and isinstance(call.args[0], ast.Name)
+        ):
+            raise PluginError(f"help text part {ast.unparse(value)!r} cannot be read statically")
+        parts.append(call.func.value.value.join(_module_constant(root, tree, call.args[0].id)))
+    return "".join(parts)
+
+
+def script_table(root: str, path: str, class_name: str = "GSM8KScriptArguments") -> str:
+    """Markdown table of a dataclass's fields in `path`: name, default (as written) and `help` metadata."""
+    with open(path, encoding="utf-8") as handle:
+        source = handle.read()
+    tree = ast.parse(source)
+    classes = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == class_name]
+    if not classes:
+        raise PluginError(f"{path}: no class {class_name}")
+    rows = ["| field | default | what it does |", "|---|---|---|"]
+    for node in classes[0].body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        default, help_text = None, ""
+        call = node.value
+        if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "field":
+            for keyword in call.keywords:
+                if keyword.arg == "default":
+                    default = ast.get_source_segment(source, keyword.value)
+                elif keyword.arg == "default_factory":
+                    default = ast.get_source_segment(source, keyword.value)
+                    if isinstance(keyword.value, ast.Lambda):
+                        default = ast.get_source_segment(source, keyword.value.body)
+                elif keyword.arg == "metadata" and isinstance(keyword.value, ast.Dict):
+                    for key, value in zip(keyword.value.keys, keyword.value.values, strict=True):
+                        if isinstance(key, ast.Constant) and key.value == "help":
+                            help_text = _help_text(root, tree, value)
+        elif call is not None:
+            default = ast.get_source_segment(source, call)
+        if not help_text:
+            raise PluginError(f"{path}: {class_name}.{node.target.id} has no help metadata")
+        rows.append(f"| `{node.target.id}` | `{default}` | {_cell(help_text)} |")
+    return "\n".join(rows) + "\n"
+
+
+def on_page_markdown(markdown, page, config, files):
+    if page.file.src_uri != PAGE:
+        return markdown
+    root = os.path.dirname(config.config_file_path)
+    for marker in (CONFIG_MARKER, SCRIPT_MARKER):
+        if marker not in markdown:
+            raise PluginError(f"docs/{PAGE}: the marker {marker} is missing")
+    docstring = fill_placeholders(config_docstring(root), root)
+    markdown = markdown.replace(CONFIG_MARKER, config_tables(docstring))
+    return markdown.replace(SCRIPT_MARKER, script_table(root, os.path.join(root, "recipes", "math_gsm8k.py")))

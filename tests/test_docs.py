@@ -1,0 +1,95 @@
+"""The documentation (issue #34): the configuration reference that docs/hooks/reference.py generates lists every
+field, the modes it reads statically are the registered ones, and every relative link of README.md and docs/ points
+to a file and heading that exist (the site's strict build checks docs/ again; README.md is only checked here)."""
+
+import dataclasses
+import importlib.util
+import re
+
+import pytest
+from trl.trainer.grpo_config import GRPOConfig as TRLGRPOConfig
+
+from tests.conftest import REPO_ROOT
+from trl_grpo_ext import GRPOConfig
+from trl_grpo_ext.entropy.modes import ENTROPY_REG_MODES
+from trl_grpo_ext.grad_reg.modes import GRAD_REG_MODES
+
+PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+ROW_NAME = re.compile(r"^\| `(\w+)` \|", re.MULTILINE)
+
+
+def load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return load(REPO_ROOT / "docs" / "hooks" / "reference.py", "docs_reference")
+
+
+def test_the_configuration_reference_lists_every_field_this_package_adds(reference):
+    """The hook reads the class docstring (statically when the site is built; here the imported one, whose
+    `{..._MODES}` lines the package has filled): one row per field, in declaration order, none twice."""
+    trl_fields = {field.name for field in dataclasses.fields(TRLGRPOConfig)}
+    ours = [field.name for field in dataclasses.fields(GRPOConfig) if field.name not in trl_fields]
+    tables = reference.config_tables(GRPOConfig.__doc__)
+    assert ROW_NAME.findall(tables) == ours
+    assert tables.count("\n## ") + tables.startswith("## ") == 7  # one section per feature (stages apart)
+
+
+def test_the_recipe_fields_table_lists_every_script_field(reference):
+    recipe = load(REPO_ROOT / "recipes" / "math_gsm8k.py", "math_gsm8k_for_docs")
+    table = reference.script_table(str(REPO_ROOT), str(REPO_ROOT / "recipes" / "math_gsm8k.py"))
+    fields = {field.name: field for field in dataclasses.fields(recipe.GSM8KScriptArguments)}
+    assert ROW_NAME.findall(table) == list(fields)
+    # the f-string help text filled from the reward registry, as the command line's --help shows it
+    assert fields["reward_funcs"].metadata["help"] in table
+
+
+def test_the_modes_read_statically_are_the_registered_ones(reference):
+    for registry, name in ((ENTROPY_REG_MODES, "ENTROPY_REG_MODES"), (GRAD_REG_MODES, "GRAD_REG_MODES")):
+        listed = reference.registered_modes(str(REPO_ROOT), name)
+        assert re.findall(r"`(\w+)` \(", listed) == list(registry), name
+        for mode, cls in registry.items():
+            assert f"`{mode}` ({cls.summary})" in listed
+
+
+def test_a_docstring_without_parameter_sections_is_refused(reference):
+    with pytest.raises(reference.PluginError, match="no 'Parameters:' section"):
+        reference.config_tables("Configuration.\n\nRaises:\n    ValueError: never.\n")
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor a code host (GitHub) gives a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def without_code(text: str) -> str:
+    return re.sub(r"`[^`\n]*`", "", re.sub(r"^(```|~~~).*?^\1", "", text, flags=re.MULTILINE | re.DOTALL))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO_ROOT)) for p in PAGES])
+def test_every_relative_link_points_to_an_existing_file_and_heading(page):
+    bad = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", without_code(page.read_text(encoding="utf-8"))):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):
+            continue
+        path, _, fragment = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+            bad.append(f"{target}: no such file")
+        elif fragment and linked.suffix == ".md":
+            text = re.sub(r"^(```|~~~).*?^\1", "", linked.read_text(encoding="utf-8"), flags=re.M | re.S)
+            if fragment not in {github_anchor(h) for h in re.findall(r"^#+ (.*)$", text, re.MULTILINE)}:
+                bad.append(f"{target}: no such heading")
+    assert not bad, bad
+
+
+def test_the_readme_stays_short_and_keeps_its_two_commands():
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) < 250
+    assert "make demo   # set up, then train a tiny model built locally on the CPU demo" in readme
+    assert "make test   # set up, then run the test suite" in readme
