@@ -69,10 +69,10 @@ def test_a_regroup_event_names_each_new_groups_parents():
 
 def test_task_support_and_the_estimator_stay_out_of_the_trainer_core():
     """The trainer, its config and features import nothing of `gsm8k` or `consumer_gpu`."""
-    names = ("trainer.py", "config.py", "features.py", "registry.py", "trl_contact.py", "resume.py", "field_checks.py",
+    names = ("trainer.py", "config.py", "features.py", "registry.py", "resume.py", "field_checks.py",
              "dataset_checks.py", "messages.py")  # fmt: skip
     core = [PACKAGE / name for name in names]
-    core += [path for folder in ("policy_groups", "entropy", "grad_reg", "generation")
+    core += [path for folder in ("policy_groups", "entropy", "grad_reg", "generation", "trl_contact")
              for path in (PACKAGE / folder).glob("*.py")]  # fmt: skip
     core += list((PACKAGE / "doctor").glob("*.py"))
     for path in core:
