@@ -311,9 +311,10 @@ def debug_process() -> tuple[subprocess.CompletedProcess, str, str]:
         "import trl_grpo_ext.trainer\n"  # the package and all it imports: TRL, datasets... add filters of their own
         "before = list(warnings.filters)\n"
         "from trl_grpo_ext import cli, entry_points\n"
-        "from trl_grpo_ext.registration import is_registered\n"
+        "import trl\n"
         "assert warnings.filters == before and not logging.getLogger('bitsandbytes.backends.cpu.ops').filters\n"
-        "assert not is_registered()\n"  # importing registers nothing: only register() and the grpo command do
+        # importing registers nothing: only register() and the grpo command do
+        "assert trl.GRPOTrainer is not trl_grpo_ext.trainer.GRPOTrainer\n"
         f"os.environ[entry_points.DEBUG_ENV] = '1'\n"
         f"sys.argv = ['recipes/math_gsm8k.py', '--config', {DEMO!r}, '--num_generations', '3']\n"
         "try:\n"
