@@ -22,7 +22,7 @@ TEST_WORKERS ?= 2
 test: $(VENV)/.installed
 	$(PY) -m pytest tests -n $(TEST_WORKERS) $(ARGS)
 
-# The tests that exercise every contact with TRL's and transformers' private API (trl_grpo_ext/trl_contact.py), one
+# The tests that exercise every contact with TRL's and transformers' private API (trl_grpo_ext/trl_contact/), one
 # run each: the import-time check; stock equivalence (the forwarding overrides); exact resume inside a generation
 # cycle, with LoRA, of a finished run and on two processes (sampler, checkpoint save/load, RNG state, _tr_loss,
 # _step, _buffered_inputs, _memory_tracker); split invariance (policy groups, entropy, KL-Cov through

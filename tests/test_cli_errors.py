@@ -311,11 +311,18 @@ def debug_process() -> tuple[subprocess.CompletedProcess, str, str]:
         "import logging, os, runpy, sys, traceback, warnings\n"
         "import trl_grpo_ext.trainer\n"  # the package and all it imports: TRL, datasets... add filters of their own
         "before = list(warnings.filters)\n"
-        "from trl_grpo_ext import cli\nfrom trl_grpo_ext.cli import errors\n"
-        "from trl_grpo_ext.registration import is_registered\n"
-        "assert warnings.filters == before and not logging.getLogger('bitsandbytes.backends.cpu.ops').filters\n"
-        "assert not is_registered()\n"  # importing registers nothing: only register() and the grpo command do
-        f"os.environ[errors.DEBUG_ENV] = '1'\n"
+        "from trl_grpo_ext import cli
+from trl_grpo_ext.cli import errors
+"
+        "import trl
+"
+        "assert warnings.filters == before and not logging.getLogger('bitsandbytes.backends.cpu.ops').filters
+"
+        # importing registers nothing: only register() and the grpo command do
+        "assert trl.GRPOTrainer is not trl_grpo_ext.trainer.GRPOTrainer
+"
+        f"os.environ[errors.DEBUG_ENV] = '1'
+"
         f"sys.argv = ['recipes/math_gsm8k.py', '--config', {DEMO!r}, '--num_generations', '3']\n"
         "try:\n"
         "    runpy.run_path('recipes/math_gsm8k.py', run_name='__main__')\n"

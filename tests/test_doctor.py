@@ -2,8 +2,10 @@
 fail and on their healthy twins, the callback (once per finding, the same findings as the command), the trainer
 side (`run_doctor`: timings logged, training unchanged), and `trl-grpo-ext doctor` on good and bad folders."""
 
+import ast
 import json
 import logging
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -288,6 +290,37 @@ def test_short_logs_and_unknown_checks_are_said_not_guessed():
     with pytest.raises(ValueError, match=r"unknown run doctor check\(s\) \['nope'\]"):
         diagnose(log(5), checks=["nope"])
     assert isinstance(CHECKS["kl_runaway"](Run(log(30))), Skip)  # beta 0: no kl logged
+
+
+def test_the_checks_register_without_an_import_cycle_in_the_order_of_the_report():
+    """`checks` (the registry) imports no module of the doctor that imports it, directly or through others; the
+    package imports the check modules, whose checks fill `CHECKS` in the report's order."""
+    folder = Path(callback_module.__file__).parent
+    imports = {}  # doctor module -> the doctor modules it imports (relative imports: `from . import x`, `from .x`)
+    for path in folder.glob("*.py"):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                found |= {node.module} if node.module else {alias.name for alias in node.names}
+        imports[path.stem] = found
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for other in imports.get(todo.pop(), ()):
+                if other not in seen:
+                    seen.add(other)
+                    todo.append(other)
+        return seen
+
+    assert imports["checks"] == {"series", "thresholds"}
+    assert "checks" not in reach("checks")
+    assert all(module not in reach(module) for module in imports if module != "__init__")  # no cycle anywhere
+    assert {"learning", "stability", "resources"} <= imports["__init__"]
+    order = [CHECKS[name].__module__.rpartition(".")[2] for name in CHECKS]
+    assert sorted(set(order), key=order.index) == ["learning", "stability", "resources"]
+    assert order == sorted(order, key=["learning", "stability", "resources"].index)  # each module's checks together
+    assert list(CHECKS)[:2] == ["no_signal", "collapse"] and list(CHECKS)[-2:] == ["generation_bound", "memory"]
 
 
 def test_every_threshold_has_a_source():

@@ -17,7 +17,7 @@ from tests.two_process import full_records, two_process
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.entropy.bonus import completion_entropy, entropy_advantages, entropy_bonus
 from trl_grpo_ext.entropy.controller import EntropyPI
-from trl_grpo_ext.entropy.covariance import clip_cov_draw, clip_cov_mask, kl_cov_mask, kl_cov_penalty, token_covariance
+from trl_grpo_ext.entropy.covariance import clip_cov_draw, kl_cov_penalty, kl_cov_top, token_covariance
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 
 
@@ -171,6 +171,31 @@ def test_advantage_shift_leaves_unscored_completions_at_zero():
     assert shifted[1] == 0.0
     # without the mark the clip at |A|/kappa keeps it at 0 too (unclipped it got 0.5*3 = 1.5: issue #13.3)
     assert entropy_advantages(torch.tensor([0.5, 0.0, 0.25]), entropies, mask, 0.5)[1] == 0.0
+
+
+# The masks of one batch by `ratio` (the feature counts per optimizer step: `window_token_count`, then the draw).
+
+
+def clip_cov_mask(
+    cov: torch.Tensor,
+    candidates: torch.Tensor,
+    num_valid: int,
+    ratio: float,
+    bounds: tuple[float, float],
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Clip-Cov's tokens (arXiv:2505.22617, Clip-Cov): `ratio` of the `num_valid` completion tokens (at least one),
+    drawn at random among the `candidates` (B, T) bool whose covariance `cov` (B, T) lies strictly inside `bounds` =
+    (ω_low, ω_high). Returns a (B, T) bool mask of the tokens whose gradient is detached; the draw uses `generator`
+    (CPU). The count is taken over all valid tokens, as in the reference implementation.
+    """
+    return clip_cov_draw(cov, candidates, max(int(ratio * num_valid), 1), bounds, generator)
+
+
+def kl_cov_mask(cov: torch.Tensor, mask: torch.Tensor, ratio: float) -> torch.Tensor:
+    """KL-Cov's tokens (arXiv:2505.22617, KL-Cov): the top `ratio` of valid tokens (at least one) by
+    covariance `cov` (B, T) among `mask` (B, T). Returns a (B, T) bool mask of the tokens that get the penalty."""
+    return kl_cov_top(cov, mask, max(int(ratio * int(mask.bool().sum())), 1))
 
 
 def test_token_covariance_and_the_two_masks():

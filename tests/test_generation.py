@@ -17,9 +17,10 @@ from tests.conftest import length_reward, small_grpo_kwargs
 from tests.resume_check import check_resume
 from tests.two_process import full_records, two_process
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
+from trl_grpo_ext.consumer_gpu import memory
 from trl_grpo_ext.generation import device_memory
 from trl_grpo_ext.generation import feature as generation_hooks
-from trl_grpo_ext.generation.device_memory import generation_copy_bytes
+from trl_grpo_ext.generation.device_memory import copy_weight_bytes, generation_copy_bytes
 from trl_grpo_ext.generation.feature import padded_prompt_length
 from trl_grpo_ext.generation.lora_merge import GenerationCopy, InplaceMerge, lora_linears, merged_weight
 from trl_grpo_ext.generation.static_cache import StaticCaches, StaticCacheSizer, prompt_budget
@@ -28,6 +29,14 @@ from trl_grpo_ext.trl_contact import generate_cache_argument
 LORA = dict(r=4, lora_alpha=8, target_modules="all-linear")
 TIMING_KEYS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
 TIMING_KEYS |= {"fast_generation/merge_time"}
+
+
+def own_bytes(copy: GenerationCopy, policy: torch.nn.Module) -> int:
+    """Bytes of the tensors of the generation copy that are its own (merged and dequantized linear weights), measured
+    on the tensors: those of `copy.model` that share no storage with a parameter or buffer of `policy`."""
+    shared = {t.untyped_storage().data_ptr() for t in [*policy.parameters(), *policy.buffers()]}
+    tensors = {t.untyped_storage().data_ptr(): t for t in [*copy.model.parameters(), *copy.model.buffers()]}
+    return sum(t.numel() * t.element_size() for address, t in tensors.items() if address not in shared)
 
 
 def peft_model(model_dir, dtype=torch.float32, seed=0):
@@ -204,7 +213,7 @@ def test_generation_copy_shares_every_other_tensor_and_follows_the_adapters(tiny
     assert copy.model.model.norm.weight is base.model.norm.weight
     assert copy.model.model.layers[0].self_attn.q_proj.bias is base.model.layers[0].self_attn.q_proj.base_layer.bias
     # its own weights: every adapted linear layer (7 per layer, 2 layers) in fp32, d_out·d_in each
-    assert len(copy.owned) == 14 and copy.copy_bytes() == generation_copy_bytes(model)
+    assert len(copy.owned) == 14 and own_bytes(copy, model) == generation_copy_bytes(model)
     ids, mask = left_padded_prompts([6, 6])
     with torch.no_grad():
         for p in (p for n, p in model.named_parameters() if "lora_B" in n):
@@ -228,7 +237,7 @@ def test_generation_copy_of_a_4bit_model_is_the_dequantized_base_plus_the_adapte
     expected = dequantize_4bit(layer.base_layer.weight.data, layer.base_layer.weight.quant_state).float()
     expected += layer.get_delta_weight("default")
     torch.testing.assert_close(copy.model.model.layers[1].mlp.down_proj.weight, expected)
-    assert copy.copy_bytes() == generation_copy_bytes(model)
+    assert own_bytes(copy, model) == generation_copy_bytes(model)
 
 
 @pytest.mark.parametrize("mode", ["inplace", "copy"])
@@ -258,7 +267,18 @@ def test_generation_copy_of_4bit_weights_is_in_bitsandbytes_compute_dtype(tiny_m
     copy = GenerationCopy(model)
     assert {w.dtype for w in copy.owned.values()} == {torch.bfloat16}
     # 14 adapted linear layers of the tiny model (2 layers x 7) in bf16: q, o 64x64; k, v 64x32; gate, up, down 64x128
-    assert copy.copy_bytes() == generation_copy_bytes(model) == 2 * (2 * 4096 + 2 * 2048 + 3 * 8192) * 2
+    assert own_bytes(copy, model) == generation_copy_bytes(model) == 2 * (2 * 4096 + 2 * 2048 + 3 * 8192) * 2
+
+
+def test_the_copys_size_is_one_formula_for_the_trainer_and_for_the_estimate(tiny_model_dir):
+    # Σ d_in·d_out · bytes: a 64x128 and a 128x64 weight in bf16, (8192 + 8192) · 2 = 32768
+    assert copy_weight_bytes([(64, 128), (128, 64)], 2) == 32768
+    # The estimate from the config (every decoder linear targeted, bf16) is the trainer's size of the bf16 model's
+    # copy and what the copy allocates: 2 layers x (q, o 64x64; k, v 64x32; gate, up, down 64x128) x 2 bytes
+    model = peft_model(tiny_model_dir, dtype=torch.bfloat16)
+    estimate = memory.generation_copy_bytes(model.get_base_model().config, memory.LINEARS, load_in_4bit=False)
+    assert estimate == generation_copy_bytes(model) == 2 * (2 * 4096 + 2 * 2048 + 3 * 8192) * 2
+    assert own_bytes(GenerationCopy(model), model) == estimate
 
 
 def test_unsupported_lora_layers_are_refused_by_name(tiny_model_dir):

@@ -14,7 +14,8 @@ from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 from trl_grpo_ext.policy_groups.advantages import loss_weights, policy_group_advantages
 from trl_grpo_ext.policy_groups.sampling import group_uncertainty, informative_share, sampling_probabilities
-from trl_grpo_ext.policy_groups.state import PolicyGroupState
+from trl_grpo_ext.policy_groups.stages import StageSchedule
+from trl_grpo_ext.policy_groups.state import CHECKPOINT_FIELDS, PolicyGroupState
 from trl_grpo_ext.policy_groups.statistics import ema_update, group_means, progress_z, prompt_statistics
 from trl_grpo_ext.policy_groups.weights import (
     PROGRESS_Z,
@@ -254,6 +255,53 @@ def test_observe_weights_and_state_round_trip():
     copy.load_state_dict(torch.load(_save(state.state_dict()), weights_only=True))
     assert copy.names == ["a", "b"] and torch.equal(copy.weights, state.weights)
     assert copy.metrics() == state.metrics()
+
+
+def test_state_checkpoint_holds_its_schema_and_a_missing_field_loads_with_its_stated_default():
+    # 2 groups (a: rows 0, 2; b: row 1), 2 generations: a's prompts 1,1 and 0,0; b's 0,1
+    state = PolicyGroupState(["a", "b"], torch.tensor([0, 1, 0]), seed=0)
+    state.observe(torch.tensor([0, 1, 2]), torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0]), torch.ones(6), 2, 0.5)
+    state.refined = True
+    saved = torch.load(_save(state.state_dict()), weights_only=True)
+    assert tuple(saved) == CHECKPOINT_FIELDS  # exactly the schema, in its order
+    assert saved["prompt_visits"].tolist() == [1, 1, 1] and saved["observed"].tolist() == [True, True]
+    # a checkpoint from before `prompt_visits`, `observed` and `refined` existed, loaded into a state of other groups:
+    # each takes its stated default for the checkpoint's 3 rows and 2 groups (never visited, unobserved, not refined)
+    older = {key: value for key, value in saved.items() if key not in ("prompt_visits", "observed", "refined")}
+    loaded = PolicyGroupState(["x"], torch.tensor([0]), seed=9)
+    loaded.refined, loaded.prompt_visits = True, torch.tensor([7])  # what was there before must not survive
+    loaded.load_state_dict(older)
+    assert loaded.prompt_visits.tolist() == [0, 0, 0] and loaded.prompt_visits.dtype == torch.long
+    assert loaded.observed.tolist() == [False, False] and loaded.refined is False
+    assert loaded.names == ["a", "b"] and torch.equal(loaded.ema["reward"], state.ema["reward"])
+    # (1 + 1 + 0 + 0) / 2 prompts = 0.5 for a (its EMA started at the first batch), 0.5 for b
+    assert_close(loaded.ema["reward"], torch.tensor([0.5, 0.5], dtype=D))
+
+
+def test_state_checkpoint_refuses_unknown_fields_missing_required_ones_and_unsaved_attributes():
+    state = PolicyGroupState(["a", "b"], torch.tensor([0, 1]), seed=0)
+    saved = state.state_dict()
+    with pytest.raises(ValueError, match=r"PolicyGroupState checkpoint .* has unknown fields \['from_the_future'\]"):
+        PolicyGroupState(["x"], torch.tensor([0]), seed=1).load_state_dict(saved | {"from_the_future": 1})
+    with pytest.raises(ValueError, match=r"lacks \['assignment'\]"):
+        PolicyGroupState(["x"], torch.tensor([0]), seed=1).load_state_dict({k: v for k, v in saved.items()
+                                                                            if k != "assignment"})  # fmt: skip
+    with pytest.raises(ValueError, match=r"StageSchedule checkpoint .* has unknown fields \['plateau'\]"):
+        StageSchedule(warmup=False).load_state_dict(saved["stages"] | {"plateau": True})
+    state.cache = torch.zeros(2)  # a new attribute is not saved implicitly: saving names it
+    with pytest.raises(RuntimeError, match=r"PolicyGroupState has attributes outside .*\['cache'\]"):
+        state.state_dict()
+
+
+def test_stage_schedule_checkpoint_without_a_field_loads_its_stated_default():
+    schedule = StageSchedule(warmup=True)
+    schedule.fusion_at = 40
+    saved = schedule.state_dict()
+    assert list(saved) == ["stage", "since", "uniform_mix", "fusion_at", "rewards", "reward_stds", "events"]
+    loaded = StageSchedule(warmup=False)
+    loaded.fusion_at = 7
+    loaded.load_state_dict({key: value for key, value in saved.items() if key != "fusion_at"})
+    assert loaded.fusion_at is None and loaded.stage == "warmup" and loaded.uniform_mix == 1.0
 
 
 def _save(obj):

@@ -11,9 +11,13 @@ from transformers import AutoModelForCausalLM
 
 import trl_grpo_ext
 from trl_grpo_ext import cli
-from trl_grpo_ext.registration import is_registered
 
 TRL_TRAINER, TRL_CONFIG = trl.trainer.grpo_trainer.GRPOTrainer, trl.trainer.grpo_config.GRPOConfig
+
+
+def is_registered() -> bool:
+    """Whether `trl.GRPOTrainer` is currently this package's class."""
+    return trl.GRPOTrainer is trl_grpo_ext.GRPOTrainer
 
 
 @pytest.fixture(autouse=True)

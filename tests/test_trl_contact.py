@@ -155,8 +155,9 @@ def test_private_methods_are_overridden_in_trl_contact_only():
                     is_def = isinstance(item, ast.FunctionDef)
                     if is_def and item.name.startswith("_") and not item.name.startswith("__"):
                         if hasattr(TRLGRPOTrainer, item.name):
-                            overriding.setdefault(item.name, []).append(f"{path.name}:{node.name}")
-    assert {name: where for name, where in overriding.items() if where != ["trl_contact.py:TRLContact"]} == {}
+                            where = path.relative_to(PACKAGE).as_posix()
+                            overriding.setdefault(item.name, []).append(f"{where}:{node.name}")
+    assert {name: where for name, where in overriding.items() if where != ["trl_contact/hooks.py:TRLContact"]} == {}
     overridden = set(overriding)
     assert overridden == {n for n in PRIVATE_METHODS if n not in ("_get_grad_norm", "_get_output_dir")}
     for name in overridden:
@@ -181,7 +182,7 @@ def _private_names(tree: ast.AST) -> tuple[set[str], list[tuple[int, str]]]:
 
 
 def test_private_attributes_are_read_in_trl_contact_only():
-    """Every `._name` access in the package outside `trl_contact.py` is to a name the package defines itself (and
+    """Every `._name` access in the package outside `trl_contact/` is to a name the package defines itself (and
     that TRL's trainer does not have): anything else is somebody else's private API."""
     trees = {path: ast.parse(path.read_text()) for path in PACKAGE.rglob("*.py")}
     ours = set().union(*(_private_names(tree)[0] for tree in trees.values()))
@@ -189,7 +190,7 @@ def test_private_attributes_are_read_in_trl_contact_only():
     offenders = [
         f"{path.relative_to(PACKAGE)}:{line}: .{name}"
         for path, tree in trees.items()
-        if path.name != "trl_contact.py"
+        if path.relative_to(PACKAGE).parts[0] != "trl_contact"
         for line, name in _private_names(tree)[1]
         if name not in ours
     ]
@@ -247,3 +248,20 @@ def test_restored_buffered_batch_goes_to_the_trainers_device(tmp_path):
     assert trainer._tr_loss.item() == 1.75 and trainer._globalstep_last_logged == 1
     GRPOLoopState.restore_pending_loss(trainer)  # once only
     assert trainer._tr_loss.item() == 1.75
+
+
+def test_the_package_re_exports_every_public_name_of_its_modules_and_checks_at_import():
+    """`trl_contact` is a package by role; `from trl_grpo_ext.trl_contact import X` works for every public name, as
+    when it was one module, and importing it runs `check_contact_surface()` (its last statement)."""
+    folder = PACKAGE / "trl_contact"
+    modules = sorted(path.stem for path in folder.glob("*.py") if path.stem != "__init__")
+    assert modules == ["accessors", "hooks", "loop_state", "surface", "transformers_internals"]
+    for stem in modules:
+        module = __import__(f"trl_grpo_ext.trl_contact.{stem}", fromlist=["_"])
+        own = [name for name, value in vars(module).items() if not name.startswith("_")
+               and getattr(value, "__module__", module.__name__) == module.__name__ and name.isidentifier()
+               and not inspect.ismodule(value) and name != "logger"]  # fmt: skip
+        for name in own:
+            assert name in trl_contact.__all__ and getattr(trl_contact, name) is getattr(module, name), name
+    last = ast.parse((folder / "__init__.py").read_text()).body[-1]
+    assert ast.unparse(last) == "check_contact_surface()"

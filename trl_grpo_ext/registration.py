@@ -35,10 +35,3 @@ def unregister() -> None:
             original = _originals.pop((module.__name__, name), None)
             if original is not None:
                 setattr(module, name, original)
-
-
-def is_registered() -> bool:
-    """Whether `trl.GRPOTrainer` is currently this package's class."""
-    from .trainer import GRPOTrainer
-
-    return trl.GRPOTrainer is GRPOTrainer

@@ -90,6 +90,45 @@ def load_resume_state(checkpoint_dir: str, rank: int) -> dict | None:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def schema_state(owner: object, fields: tuple[str, ...]) -> dict:
+    """The checkpoint of `owner`: its attributes named in `fields`, its checkpoint schema, by name.
+
+    Raises:
+        RuntimeError: `owner` has an attribute outside `fields`, which no checkpoint would hold (a resumed run would
+            silently start it anew): add it to the schema, with the value a checkpoint without it loads with.
+    """
+    unsaved = sorted(set(vars(owner)) - set(fields))
+    if unsaved:
+        raise RuntimeError(
+            f"{type(owner).__name__} has attributes outside its checkpoint schema, which a checkpoint would not hold: "
+            f"{unsaved}; add each to the schema with the value a checkpoint without it loads with"
+        )
+    return {name: getattr(owner, name) for name in fields}
+
+
+def schema_fields(owner: str, saved: dict, defaults: dict, required: tuple[str, ...] = ()) -> dict:
+    """The fields of a checkpoint `saved` of `owner` (a class name, for the message) by the schema `required` +
+    `defaults`: `saved`'s values, and for a field it lacks (a checkpoint written before the field existed) its value
+    in `defaults` (name -> value).
+
+    Raises:
+        ValueError: `saved` lacks a `required` field, or holds a field the schema does not have (a checkpoint of
+            another version of trl_grpo_ext); the message names them and the schema's fields. An unknown field is
+            refused, not dropped: resuming without it would not be the run that was saved.
+    """
+    missing = [name for name in required if name not in saved]
+    unknown = sorted(set(saved) - set(required) - set(defaults))
+    if missing or unknown:
+        problems = [
+            f"{what} {names}" for what, names in (("lacks", missing), ("has unknown fields", unknown)) if names
+        ]
+        raise ValueError(
+            f"this {owner} checkpoint does not fit this version of trl_grpo_ext: it {' and '.join(problems)} "
+            f"(fields: {[*required, *defaults]})"
+        )
+    return defaults | saved
+
+
 def write_manifest(checkpoint_dir: str) -> str:
     """List every file of `checkpoint_dir` with its size in bytes, atomically, as the checkpoint's last file."""
     root = Path(checkpoint_dir)

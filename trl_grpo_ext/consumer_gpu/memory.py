@@ -63,6 +63,7 @@ import math
 from dataclasses import dataclass, fields
 
 from ..generation.checks import model_setting_problem
+from ..generation.device_memory import copy_weight_bytes
 from ..generation.static_cache import prompt_budget
 
 GIB = 2**30
@@ -267,10 +268,11 @@ def generation_bytes(
 
 def generation_copy_bytes(config, targets: tuple[str, ...], load_in_4bit: bool) -> int:
     """A bf16 generation copy (`generation_lora_merge="copy"`): every targeted linear layer, or with 4-bit weights
-    every decoder linear layer (dequantized), 2 bytes a weight."""
+    every decoder linear layer (dequantized), 2 bytes a weight (`generation.device_memory.copy_weight_bytes`, the
+    size the trainer checks against the free memory)."""
     shapes = linear_shapes(config)
     names = LINEARS if load_in_4bit else targets
-    return config.num_hidden_layers * sum(shapes[n][0] * shapes[n][1] for n in names) * 2
+    return copy_weight_bytes([shapes[n] for n in names] * config.num_hidden_layers, 2)
 
 
 def compile_workspace_bytes(config, sequences: int) -> int:

@@ -1,6 +1,7 @@
 """The run doctor: why a GRPO run is not learning, and what to change.
 
-    `checks`      what a check returns (`Finding`, `Skip`), the registry of checks by name (`CHECKS`), `diagnose`
+    `checks`      what a check returns (`Finding`, `Skip`), the registry of checks by name (`CHECKS`, filled by
+                  the check modules below, which this package imports in the order of the report), `diagnose`
                   (runs them on a log)
     `learning`    the checks of whether the run learns: no signal (overall and per policy group), truncation,
                   format-only learning, a reward plateau
@@ -20,5 +21,12 @@ The command `trl-grpo-ext doctor RUN_DIR` runs the same checks on a finished or 
 
 from .callback import DoctorCallback
 from .checks import CHECKS, Diagnosis, Finding, diagnose
+
+# The check modules, in the order of the report: importing one registers its checks in `CHECKS` (`checks.check`).
+# isort: off
+from . import learning  # noqa: F401
+from . import stability  # noqa: F401
+from . import resources  # noqa: F401
+# isort: on
 
 __all__ = ["CHECKS", "Diagnosis", "DoctorCallback", "Finding", "diagnose"]

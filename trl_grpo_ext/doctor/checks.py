@@ -1,6 +1,10 @@
 """The run doctor's checks: each reads the logged rows of a GRPO run and returns its findings, or says why it was
-skipped. `CHECKS` maps a check's name to its function (the checks are in `learning`, `stability` and `resources`);
-`diagnose` runs them all.
+skipped. `CHECKS` maps a check's name to its function; `diagnose` runs them all.
+
+The checks are in `learning`, `stability` and `resources`, which import this module and register each check with
+`check`; this module imports none of them (no import cycle). The package (`trl_grpo_ext.doctor`, which Python
+imports before any of its modules) imports them in the order of the report, so `CHECKS` is complete whenever this
+module is importable.
 
 A check reports the first window of steps where its condition held (so the callback, which runs the checks at every
 log, and `trl-grpo-ext doctor`, which runs them once on the whole log, report the same finding at the same step).
@@ -229,9 +233,3 @@ def mean_between(run: Run, key: str, first: int, last: int) -> float:
 
 def span(steps: np.ndarray, end: int, width: int) -> str:
     return f"steps {steps[end - width + 1]}-{steps[end]}"
-
-
-# The checks register themselves in `CHECKS` when their modules are imported (here, once the names above exist).
-# isort: off
-from . import learning, stability, resources  # noqa: E402, F401  (the order of the report)
-# isort: on

@@ -22,22 +22,6 @@ def token_covariance(logps: torch.Tensor, advantages: torch.Tensor, means: tuple
     return (logps.detach() - means[0]) * (advantages.detach() - means[1])
 
 
-def clip_cov_mask(
-    cov: torch.Tensor,
-    candidates: torch.Tensor,
-    num_valid: int,
-    ratio: float,
-    bounds: tuple[float, float],
-    generator: torch.Generator,
-) -> torch.Tensor:
-    """Clip-Cov's tokens (arXiv:2505.22617, Clip-Cov): `ratio` of the `num_valid` completion tokens (at least one),
-    drawn at random among the `candidates` (B, T) bool whose covariance `cov` (B, T) lies strictly inside `bounds` =
-    (ω_low, ω_high). Returns a (B, T) bool mask of the tokens whose gradient is detached; the draw uses `generator`
-    (CPU). The count is taken over all valid tokens, as in the reference implementation.
-    """
-    return clip_cov_draw(cov, candidates, max(int(ratio * num_valid), 1), bounds, generator)
-
-
 def clip_cov_draw(
     cov: torch.Tensor, candidates: torch.Tensor, count: int, bounds: tuple[float, float], generator: torch.Generator
 ) -> torch.Tensor:
@@ -51,12 +35,6 @@ def clip_cov_draw(
         pick = index[torch.randperm(len(index), generator=generator)[:count]]
         chosen.view(-1)[pick.to(chosen.device)] = True
     return chosen
-
-
-def kl_cov_mask(cov: torch.Tensor, mask: torch.Tensor, ratio: float) -> torch.Tensor:
-    """KL-Cov's tokens (arXiv:2505.22617, KL-Cov): the top `ratio` of valid tokens (at least one) by
-    covariance `cov` (B, T) among `mask` (B, T). Returns a (B, T) bool mask of the tokens that get the penalty."""
-    return kl_cov_top(cov, mask, max(int(ratio * int(mask.bool().sum())), 1))
 
 
 def kl_cov_top(cov: torch.Tensor, mask: torch.Tensor, count: int) -> torch.Tensor:

@@ -3,6 +3,8 @@ first generation, when the model is where it trains (`check_copy_fits`): the cop
 training still allocates there, against the device's free memory. The full estimate, activations and workspaces
 included, is `trl-grpo-ext memory` (`consumer_gpu.memory`)."""
 
+from collections.abc import Iterable
+
 import torch
 
 from .lora_merge import compute_dtype, is_quantized_linear, lora_linears
@@ -15,15 +17,23 @@ def free_device_memory(device: torch.device) -> int | None:
     return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
 
 
+def copy_weight_bytes(shapes: Iterable[tuple[int, int]], element_size: int) -> int:
+    """Bytes of the weights a generation copy (`generation_lora_merge="copy"`) owns: Σ d_in·d_out over its linear
+    layers' weight `shapes` (d_in, d_out), at `element_size` bytes a weight (the copy's dtype). The one formula of
+    the copy's size: `generation_copy_bytes` applies it to a model, the memory estimate
+    (`consumer_gpu.memory.generation_copy_bytes`) to a config."""
+    return sum(d_in * d_out for d_in, d_out in shapes) * element_size
+
+
 def generation_copy_bytes(model: torch.nn.Module) -> int:
     """Bytes a `GenerationCopy` of `model` (a PEFT model) allocates: every adapted or quantized linear layer's
-    d_out·d_in weights in the compute dtype (`lora_merge.compute_dtype`)."""
+    d_out·d_in weights in the compute dtype (`lora_merge.compute_dtype`), `copy_weight_bytes`."""
     base = model.get_base_model()
     adapted = lora_linears(base)
     layers = [layer.get_base_layer() for layer in adapted.values()]
     layers += [m for name, m in base.named_modules() if is_quantized_linear(m) and not name.startswith(tuple(adapted))]
     element = torch.empty((), dtype=compute_dtype(base)).element_size()
-    return sum(layer.in_features * layer.out_features for layer in layers) * element
+    return copy_weight_bytes(((layer.in_features, layer.out_features) for layer in layers), element)
 
 
 def training_still_allocates(trainer, policy: torch.nn.Module, cache_tokens: int) -> int:

@@ -48,7 +48,7 @@ from ..config import generation_levers
 from ..features import Feature
 from ..trl_contact import compiles_in_one_graph, drop_repeated_input_grad_hooks, generate_cache_argument, metrics
 from .checks import model_setting_problem
-from .device_memory import check_copy_fits
+from .device_memory import check_copy_fits, generation_copy_bytes
 from .lora_merge import GenerationCopy, InplaceMerge, is_quantized_linear, lora_linears
 from .static_cache import StaticCaches, StaticCacheSizer
 
@@ -91,7 +91,7 @@ class FastGeneration:
         elif args.generation_lora_merge == "copy":
             check_copy_fits(trainer, policy, device, 0 if sizer is None else sizer.fit(longest_prompt))
             merge = GenerationCopy(policy)
-            logger.info("generation_lora_merge='copy': %.2f GiB generation copy", merge.copy_bytes() / GIB)
+            logger.info("generation_lora_merge='copy': %.2f GiB generation copy", generation_copy_bytes(policy) / GIB)
         return cls(merge, sizer, device)
 
     @contextmanager

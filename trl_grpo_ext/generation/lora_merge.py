@@ -182,7 +182,7 @@ class GenerationCopy:
         config.__dict__.pop("quantization_config", None)  # the copy is a plain model in the compute dtype
         with torch.device("meta"):  # no memory, no random initialization
             skeleton = type(base)(config).to(self.dtype)  # the policy's own class: a subclass's forward too
-        owned, frozen = {}, {}
+        owned = {}
         # Each parameter and buffer is set by `setattr`, not `load_state_dict(assign=True)`: that one would also set
         # requires_grad of the policy's shared parameters (embeddings) to the skeleton's True, and train them.
         tensors = [(key, True) for key, _ in skeleton.named_parameters(remove_duplicate=False)]
@@ -194,7 +194,7 @@ class GenerationCopy:
                 shape, device = tuple(getattr(target, leaf).shape), source.get_base_layer().weight.device
                 owned[path] = value = torch.empty(shape, dtype=self.dtype, device=device)
             elif is_quantized_linear(source) and leaf == "weight":
-                frozen[path] = value = dequantize_module_weight(source).to(self.dtype)
+                value = dequantize_module_weight(source).to(self.dtype)  # the copy's own, dequantized once
             else:  # the policy's own tensor (of the base layer when the module is adapted)
                 value = getattr(source.get_base_layer() if path in self.layers else source, leaf)
             if is_parameter and not isinstance(value, torch.nn.Parameter):
@@ -206,12 +206,7 @@ class GenerationCopy:
         skeleton.generation_config = copy.deepcopy(base.generation_config)
         self.model = skeleton.eval()
         self.owned = owned  # module name -> merged weight (d_out, d_in)
-        self.frozen_bytes = sum(t.numel() * t.element_size() for t in frozen.values())
         self.refresh()
-
-    def copy_bytes(self) -> int:
-        """Memory the copy's own weights take (merged and dequantized linear layers), in bytes."""
-        return sum(t.numel() * t.element_size() for t in self.owned.values()) + self.frozen_bytes
 
     @torch.no_grad()
     def refresh(self) -> None:

@@ -25,6 +25,8 @@ Formulas:
 
 import torch
 
+from ..resume import schema_fields, schema_state
+
 STAGES = ("warmup", "competition", "fusion")  # logged as `policy_groups/stage`: the index, 0, 1 or 2
 
 
@@ -69,6 +71,14 @@ def uniform_draw(probabilities: torch.Tensor, sizes: torch.Tensor, mix: float) -
     """Draw probabilities (K,) moved a share `mix` of the way to the prompt-proportional draw sizes / Σ sizes."""
     sizes = sizes.double()
     return (1 - mix) * probabilities + mix * sizes / sizes.sum()
+
+
+def stage_checkpoint_defaults() -> dict:
+    """The checkpoint schema of `StageSchedule`: every field a checkpoint holds, with the value a checkpoint without
+    it loads with (a new field: the value that keeps an older run's behaviour). Together they are a run that has
+    been in competition from the start: no mix, no fusion step, no plateau window, no stage change."""
+    return {"stage": "competition", "since": 0, "uniform_mix": 0.0, "fusion_at": None, "rewards": [],
+            "reward_stds": [], "events": []}  # fmt: skip
 
 
 class StageSchedule:
@@ -139,7 +149,13 @@ class StageSchedule:
         return reason
 
     def state_dict(self) -> dict:
-        return dict(vars(self))
+        """The fields of `stage_checkpoint_defaults` (plain numbers, strings and lists)."""
+        return schema_state(self, tuple(stage_checkpoint_defaults()))
 
     def load_state_dict(self, state: dict) -> None:
-        vars(self).update(state)
+        """Load a `state_dict`; a field it lacks takes its value in `stage_checkpoint_defaults`.
+
+        Raises:
+            ValueError: `state` holds a field the schema does not have (`resume.schema_fields`).
+        """
+        vars(self).update(schema_fields("StageSchedule", state, stage_checkpoint_defaults()))

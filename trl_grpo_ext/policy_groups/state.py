@@ -1,10 +1,12 @@
 """`PolicyGroupState`: the policy groups of a run (assignment, statistics, weights, sampler queues), identical on
-every process, saved in every checkpoint. The formulas it applies are in `statistics`, `weights` and `sampling`."""
+every process, saved in every checkpoint by an explicit schema (`CHECKPOINT_FIELDS`, each field's default in
+`checkpoint_defaults`). The formulas it applies are in `statistics`, `weights` and `sampling`."""
 
 import torch
 
+from ..resume import schema_fields, schema_state
 from . import sampling, statistics, weights
-from .stages import StageSchedule, toward_uniform, uniform_draw
+from .stages import StageSchedule, stage_checkpoint_defaults, toward_uniform, uniform_draw
 
 # Per-group statistics kept as EMAs (K,), all float64: mean reward, mean within-prompt reward std, fraction of
 # prompts whose completions all got the same reward, success rate (= mean reward when rewards are binary), mean
@@ -14,6 +16,45 @@ STATS = ("reward", "reward_std", "zero_std_frac", "success", "length", "entropy"
 # completions (its start, then frozen), a completion-count EMA of the reward with that half-life (recent) and of its
 # square. Kept with the statistics above, so regrouping carries them along.
 PROGRESS = ("progress_start", "progress_recent", "progress_second")
+# The checkpoint schema of `PolicyGroupState` (`CHECKPOINT_FIELDS`): the fields a checkpoint must hold (the partition
+# and the seed of every draw), then every other field with the value a checkpoint without it loads with
+# (`checkpoint_defaults`). An attribute outside the schema is refused at saving (`resume.schema_state`), a field
+# outside it at loading (`resume.schema_fields`).
+REQUIRED_FIELDS = ("seed", "names", "assignment")
+
+
+def checkpoint_defaults(num_groups: int, num_rows: int) -> dict:
+    """The value each field of a `PolicyGroupState` checkpoint outside `REQUIRED_FIELDS` loads with when the checkpoint
+    lacks it (one written before the field existed), for the checkpoint's K = `num_groups` groups and N = `num_rows`
+    dataset rows: nothing observed yet (no EMA, no prompt seen or visited, no reward window, empty sampler queues),
+    weights 1, rewards binary, one generation per prompt, no event, and the competition stage throughout
+    (`stages.stage_checkpoint_defaults`: a checkpoint from before the stages, issue #18). A new field goes here, with
+    the value that keeps an older run's behaviour."""
+    k, n = num_groups, num_rows
+    return {
+        "stages": stage_checkpoint_defaults(),
+        "binary": True,
+        "nan_rewards": 0,
+        "generations": 0,
+        "last_update_step": 0,
+        "last_regroup_step": 0,
+        "refined": False,
+        "num_generations": 1,
+        "events": [],
+        "prompt_success": torch.full((n,), float("nan"), dtype=torch.float64),  # (N,)
+        "prompt_visits": torch.zeros(n, dtype=torch.long),  # (N,)
+        "ema": {name: torch.zeros(k, dtype=torch.float64) for name in STATS + PROGRESS},  # (K,) each
+        "has_ema": {name: torch.zeros(k, dtype=torch.bool) for name in STATS + PROGRESS},  # (K,) each
+        "prompts_seen": torch.zeros(k, dtype=torch.float64),  # (K,)
+        "progress_moments": torch.zeros(2, k, dtype=torch.float64),  # (2, K)
+        "window_reward": torch.full((k,), float("nan"), dtype=torch.float64),  # (K,)
+        "queues": [torch.empty(0, dtype=torch.long) for _ in range(k)],  # K x (rows left,)
+        "observed": torch.zeros(k, dtype=torch.bool),  # (K,)
+        "weights": torch.ones(k, dtype=torch.float64),  # (K,)
+    }
+
+
+CHECKPOINT_FIELDS = (*REQUIRED_FIELDS, *checkpoint_defaults(0, 0))
 
 
 class PolicyGroupState:
@@ -271,12 +312,27 @@ class PolicyGroupState:
     # ----- checkpoints and logging ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        return {key: value.state_dict() if key == "stages" else value for key, value in vars(self).items()}
+        """The fields of `CHECKPOINT_FIELDS` by name (the stage schedule as its own `state_dict`).
+
+        Raises:
+            RuntimeError: the state has an attribute outside `CHECKPOINT_FIELDS` (`resume.schema_state`).
+        """
+        state = schema_state(self, CHECKPOINT_FIELDS)
+        state["stages"] = self.stages.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        state = dict(state)
-        self.stages.load_state_dict(state.pop("stages", StageSchedule(warmup=False).state_dict()))
-        vars(self).update(state)
+        """Load a `state_dict`: each field of `CHECKPOINT_FIELDS`, a field the checkpoint lacks with its value in
+        `checkpoint_defaults` (for the checkpoint's groups and rows).
+
+        Raises:
+            ValueError: the checkpoint lacks a field of `REQUIRED_FIELDS` or holds one outside `CHECKPOINT_FIELDS`
+                (`resume.schema_fields`: naming them).
+        """
+        defaults = checkpoint_defaults(len(state.get("names", ())), len(state.get("assignment", ())))
+        fields = schema_fields("PolicyGroupState", state, defaults, REQUIRED_FIELDS)
+        self.stages.load_state_dict(fields.pop("stages"))
+        vars(self).update(fields)
 
     def metrics(self) -> dict[str, float]:
         """`policy_groups/<name>/{weight,reward,reward_std,zero_std_frac,entropy,progress_z}` of this step, averaged

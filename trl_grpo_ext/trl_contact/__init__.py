@@ -1,0 +1,103 @@
+"""The one place where trl_grpo_ext touches TRL's and transformers' private API, and the check that it still fits.
+
+TRL's `GRPOTrainer` has no public extension points for what this package changes, so some of its private methods
+are overridden and some private attributes are read. All of that happens in this package and nowhere else in
+trl_grpo_ext; its modules split it by role:
+
+    `surface`                 what is touched (`PRIVATE_METHODS`, `PRIVATE_ATTRIBUTES`, `TRANSFORMERS_INTERNALS`,
+                              `REPEAT_SAMPLER_FIELDS`), the versions (`WRITTEN_AGAINST`, `SUPPORTED`) and
+                              `check_contact_surface`, the check run when this package is imported
+    `hooks`                   `TRLContact`, the base of `trl_grpo_ext.GRPOTrainer` and the only class that overrides a
+                              private method: each override forwards to a public hook of the same name without the
+                              underscore and with a `hook_` prefix (`_compute_loss` -> `hook_compute_loss`,
+                              `hook_name`). The features (policy groups, entropy and gradient regularization, fast
+                              generation, exact resume) override the hooks and call `super()`; the chain ends there,
+                              in TRL's method.
+    `accessors`               the only readers and writers of private attributes (`metrics`, `log_total`, `loss_mask`,
+                              `micro_step`, `buffered_inputs`, `output_dir`, `grad_norm`, `save_checkpoint`,
+                              `stop_memory_tracking`, `repeat_sampler_fields`, ...)
+    `loop_state`              `GRPOLoopState`, the training loop's state that TRL and transformers do not checkpoint
+    `transformers_internals`  what fast generation uses of transformers' internals (`compile_config_all_devices`,
+                              `compiles_in_one_graph`, `generate_cache_argument`, `drop_repeated_input_grad_hooks`)
+
+`check_contact_surface()` runs when this package is imported: every private method must exist with the parameters
+it was written against, every private attribute must still be set where it was, every transformers internal of
+`TRANSFORMERS_INTERNALS` must exist, and no hook name may collide with a name TRL has. A mismatch raises
+`TRLCompatibilityError` naming the method or attribute and the supported versions, so an upgrade fails at import
+instead of silently changing training. Versions outside `SUPPORTED` whose surface still matches only log a warning.
+
+Every public name of the modules is importable from here (`from trl_grpo_ext.trl_contact import metrics`), as when
+this was one module. Written against trl 1.16.0 and transformers 5.24.0 (`WRITTEN_AGAINST`); the test suite also
+runs against the oldest versions `SUPPORTED` allows (`.ci/run`).
+"""
+
+from .accessors import (
+    buffered_inputs,
+    grad_norm,
+    high_entropy_mask,
+    log_total,
+    loss_mask,
+    metrics,
+    micro_step,
+    output_dir,
+    per_token_logps_and_entropies,
+    repeat_sampler_fields,
+    save_checkpoint,
+    stop_memory_tracking,
+    to_device,
+)
+from .hooks import TRLContact, hook_name
+from .loop_state import GRPOLoopState
+from .surface import (
+    ATTRIBUTE_OWNERS,
+    FORWARD_KEYS,
+    PRIVATE_ATTRIBUTES,
+    PRIVATE_METHODS,
+    REPEAT_SAMPLER_FIELDS,
+    SUPPORTED,
+    TRANSFORMERS_INTERNALS,
+    WRITTEN_AGAINST,
+    TRLCompatibilityError,
+    check_contact_surface,
+)
+from .transformers_internals import (
+    compile_config_all_devices,
+    compiles_in_one_graph,
+    drop_repeated_input_grad_hooks,
+    generate_cache_argument,
+)
+
+__all__ = [
+    "ATTRIBUTE_OWNERS",
+    "FORWARD_KEYS",
+    "PRIVATE_ATTRIBUTES",
+    "PRIVATE_METHODS",
+    "REPEAT_SAMPLER_FIELDS",
+    "SUPPORTED",
+    "TRANSFORMERS_INTERNALS",
+    "WRITTEN_AGAINST",
+    "GRPOLoopState",
+    "TRLCompatibilityError",
+    "TRLContact",
+    "buffered_inputs",
+    "check_contact_surface",
+    "compile_config_all_devices",
+    "compiles_in_one_graph",
+    "drop_repeated_input_grad_hooks",
+    "generate_cache_argument",
+    "grad_norm",
+    "high_entropy_mask",
+    "hook_name",
+    "log_total",
+    "loss_mask",
+    "metrics",
+    "micro_step",
+    "output_dir",
+    "per_token_logps_and_entropies",
+    "repeat_sampler_fields",
+    "save_checkpoint",
+    "stop_memory_tracking",
+    "to_device",
+]
+
+check_contact_surface()
