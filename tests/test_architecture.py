@@ -17,13 +17,16 @@ from tests.conftest import length_reward, small_grpo_kwargs
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.entropy import bonus
 from trl_grpo_ext.entropy.modes import ENTROPY_REG_MODES, EntropyMode
-from trl_grpo_ext.features import POINTS, Feature, Regroup
+from trl_grpo_ext.features import FEATURE_CLASSES, POINTS, Feature, Regroup
 from trl_grpo_ext.grad_reg.modes import GRAD_REG_MODES, GradRegMode
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 from trl_grpo_ext.registry import Registry
-from trl_grpo_ext.trainer import FEATURES, STEP
+from trl_grpo_ext.trainer import FEATURES, STEP, step_features
 
 PACKAGE = Path(trl_grpo_ext.__file__).parent
+FEATURE_FOLDERS = {
+    path.parent.name for path in PACKAGE.glob("*/feature.py")
+}  # a folder with a feature.py is a feature
 # the `Feature` method each point of `STEP` calls (the point's name, but for the checkpoint's `state`)
 METHOD = {point: "state" if point == "checkpoint" else point for point in POINTS}
 
@@ -51,13 +54,58 @@ def test_features_talk_through_announced_events_not_the_mro():
     """No feature is a base class of the trainer (no `super()` chains between features), and no feature module
     imports another feature's module: a regroup reaches entropy regularization only as an announced `Regroup`."""
     assert not any(issubclass(GRPOTrainer, feature) for feature in FEATURES)
-    folders = {"policy_groups", "entropy", "grad_reg", "generation"}
+    folders = FEATURE_FOLDERS
+    assert folders == {feature.__module__.split(".")[1] for feature in FEATURES}  # each folder's feature is in STEP
     for folder in folders:
         for path in (PACKAGE / folder).glob("*.py"):
             imported = _imports(path)
             others = {other for other in folders - {folder}
                       if any(name.startswith(f"trl_grpo_ext.{other}") for name in imported)}  # fmt: skip
             assert not others, f"{path.relative_to(PACKAGE)} imports {others}"
+
+
+class StepCounter(Feature):
+    """A trivial feature for `test_a_new_feature_is_its_folder_and_its_line_in_step`: notes the global step after
+    each micro-step. In the package it would be `trl_grpo_ext/step_counter/feature.py` (its folder) plus its name in
+    `STEP["training_step_end"]`."""
+
+    name = "step_counter"
+
+    @classmethod
+    def build(cls, trainer) -> "StepCounter":
+        return cls(trainer)
+
+    def __init__(self, trainer):
+        super().__init__(trainer)
+        self.seen: list[int] = []
+
+    def training_step_end(self) -> None:
+        self.seen.append(self.trainer.state.global_step)
+
+
+@pytest.fixture
+def step_counter():
+    """`StepCounter`, defined when this module was imported and so recorded in `FEATURE_CLASSES`, named in `STEP`
+    for one test: the one line a new feature adds outside its folder."""
+    assert FEATURE_CLASSES["step_counter"] is StepCounter
+    assert "step_counter" not in {feature.name for feature in FEATURES}  # only STEP makes the trainer build it
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(STEP, "training_step_end", (*STEP["training_step_end"], "step_counter"))
+        yield StepCounter
+
+
+def test_a_new_feature_is_its_folder_and_its_line_in_step(tmp_path, tiny_model_dir, step_counter):
+    """Adding a feature touches no other place of the package: named in `STEP` at the point it acts, the trainer
+    builds it (`step_features`) and calls it there. Two optimizer steps of two micro-steps each: it
+    sees global steps 0, 0, 1, 1 (transformers counts an optimizer step after its last micro-step), once each."""
+    assert step_counter in step_features(STEP)
+    dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(16, seed=0)))
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=2, gradient_accumulation_steps=2))
+    trainer = GRPOTrainer(tiny_model_dir, length_reward, args, dataset)
+    trainer.train()
+    assert list(trainer.features) == ["step_counter"]  # every feature of the package is off
+    assert trainer.features["step_counter"].seen == [0, 0, 1, 1]
+    assert trainer.state.global_step == 2
 
 
 def test_a_regroup_event_names_each_new_groups_parents():
