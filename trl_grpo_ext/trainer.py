@@ -84,7 +84,8 @@ STEP = {
 
 def step_features(step: dict[str, tuple[str, ...]]) -> tuple[type[Feature], ...]:
     """The feature classes `step` names (a table like `STEP`), in the order it first names them: the order the trainer
-    builds them in (each `build` returns None when its settings are off). Raises KeyError for a name no feature has."""
+    builds them in (each `build` returns None when its settings are off; the policy groups come before entropy
+    regularization, whose per-group controllers read them). Raises KeyError for a name no feature has."""
     names = dict.fromkeys(name for acting in step.values() for name in acting)
     return tuple(FEATURE_CLASSES[name] for name in names)
 
