@@ -24,9 +24,8 @@ from trl_grpo_ext.registry import Registry
 from trl_grpo_ext.trainer import FEATURES, STEP, step_features
 
 PACKAGE = Path(trl_grpo_ext.__file__).parent
-FEATURE_FOLDERS = {
-    path.parent.name for path in PACKAGE.glob("*/feature.py")
-}  # a folder with a feature.py is a feature
+# a folder of the package with a `feature.py` holds a feature (`trainer.py` imports each of those modules)
+FEATURE_FOLDERS = {path.parent.name for path in PACKAGE.glob("*/feature.py")}
 # the `Feature` method each point of `STEP` calls (the point's name, but for the checkpoint's `state`)
 METHOD = {point: "state" if point == "checkpoint" else point for point in POINTS}
 
@@ -96,9 +95,13 @@ def step_counter():
 
 def test_a_new_feature_is_its_folder_and_its_line_in_step(tmp_path, tiny_model_dir, step_counter):
     """Adding a feature touches no other place of the package: named in `STEP` at the point it acts, the trainer
-    builds it (`step_features`) and calls it there. Two optimizer steps of two micro-steps each: it
-    sees global steps 0, 0, 1, 1 (transformers counts an optimizer step after its last micro-step), once each."""
+    builds it (`step_features`) and calls it there. Two optimizer steps of two micro-steps each: it sees global
+    steps 0, 0, 1, 1 (transformers counts an optimizer step after its last micro-step), once each."""
     assert step_counter in step_features(STEP)
+    overridden = {
+        point for point in POINTS if getattr(step_counter, METHOD[point]) is not getattr(Feature, METHOD[point])
+    }
+    assert overridden == {point for point, acting in STEP.items() if "step_counter" in acting} == {"training_step_end"}
     dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(16, seed=0)))
     args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=2, gradient_accumulation_steps=2))
     trainer = GRPOTrainer(tiny_model_dir, length_reward, args, dataset)
