@@ -15,6 +15,7 @@ from datasets import Dataset
 import trl_grpo_ext
 from tests.conftest import length_reward, small_grpo_kwargs
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
+from trl_grpo_ext.config import FEATURE_CONFIGS
 from trl_grpo_ext.entropy import bonus
 from trl_grpo_ext.entropy.modes import ENTROPY_REG_MODES, EntropyMode
 from trl_grpo_ext.features import FEATURE_CLASSES, POINTS, Feature, Regroup
@@ -233,6 +234,19 @@ def test_config_docstring_and_help_describe_the_same_fields():
     for f in ours:
         assert f.metadata.get("help"), f"{f.name} has no help text"
         assert sum(f"        {f.name} (`" in section for section in sections) == 1, f.name
+
+
+def test_each_feature_declares_its_settings_in_its_own_folder():
+    """Every `<feature>/config.py` holds a part that `GRPOConfig` composes (`config.FEATURE_CONFIGS`), and each part's
+    docstring section documents exactly its own fields, in order: `GRPOConfig`'s docstring is the parts' sections."""
+    folders_with_settings = {path.parent.name for path in PACKAGE.glob("*/config.py")}
+    composed = {part.fields.__module__ for part in FEATURE_CONFIGS}
+    assert {f"trl_grpo_ext.{folder}.config" for folder in folders_with_settings} <= composed
+    assert folders_with_settings <= FEATURE_FOLDERS
+    for part in FEATURE_CONFIGS:
+        documented = re.findall(r"^        (\w+) \(`[^`]+`, \*optional\*", part.section(), flags=re.MULTILINE)
+        assert documented == [f.name for f in dataclasses.fields(part.fields)], part.fields.__name__
+        assert part.section() in GRPOConfig.__doc__
 
 
 def _imports(path: Path) -> list[str]:
