@@ -17,15 +17,18 @@ from datasets import Dataset
 import trl_grpo_ext
 from tests.conftest import length_reward, small_grpo_kwargs
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
+from trl_grpo_ext.config import FEATURE_CONFIGS
 from trl_grpo_ext.entropy import bonus
 from trl_grpo_ext.entropy.modes import ENTROPY_REG_MODES, EntropyMode
-from trl_grpo_ext.features import POINTS, Feature, Regroup
+from trl_grpo_ext.features import FEATURE_CLASSES, POINTS, Feature, Regroup
 from trl_grpo_ext.grad_reg.modes import GRAD_REG_MODES, GradRegMode
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 from trl_grpo_ext.registry import Registry
-from trl_grpo_ext.trainer import FEATURES, STEP
+from trl_grpo_ext.trainer import FEATURES, STEP, step_features
 
 PACKAGE = Path(trl_grpo_ext.__file__).parent
+# a folder of the package with a `feature.py` holds a feature (`trainer.py` imports each of those modules)
+FEATURE_FOLDERS = {path.parent.name for path in PACKAGE.glob("*/feature.py")}
 # the `Feature` method each point of `STEP` calls (the point's name, but for the checkpoint's `state`)
 METHOD = {point: "state" if point == "checkpoint" else point for point in POINTS}
 
@@ -53,13 +56,62 @@ def test_features_talk_through_announced_events_not_the_mro():
     """No feature is a base class of the trainer (no `super()` chains between features), and no feature module
     imports another feature's module: a regroup reaches entropy regularization only as an announced `Regroup`."""
     assert not any(issubclass(GRPOTrainer, feature) for feature in FEATURES)
-    folders = {"policy_groups", "entropy", "grad_reg", "generation"}
+    folders = FEATURE_FOLDERS
+    assert folders == {feature.__module__.split(".")[1] for feature in FEATURES}  # each folder's feature is in STEP
     for folder in folders:
         for path in (PACKAGE / folder).glob("*.py"):
             imported = _imports(path)
             others = {other for other in folders - {folder}
                       if any(name.startswith(f"trl_grpo_ext.{other}") for name in imported)}  # fmt: skip
             assert not others, f"{path.relative_to(PACKAGE)} imports {others}"
+
+
+class StepCounter(Feature):
+    """A trivial feature for `test_a_new_feature_is_its_folder_and_its_line_in_step`: notes the global step after
+    each micro-step. In the package it would be `trl_grpo_ext/step_counter/feature.py` (its folder) plus its name in
+    `STEP["training_step_end"]`."""
+
+    name = "step_counter"
+
+    @classmethod
+    def build(cls, trainer) -> "StepCounter":
+        return cls(trainer)
+
+    def __init__(self, trainer):
+        super().__init__(trainer)
+        self.seen: list[int] = []
+
+    def training_step_end(self) -> None:
+        self.seen.append(self.trainer.state.global_step)
+
+
+@pytest.fixture
+def step_counter():
+    """`StepCounter`, defined when this module was imported and so recorded in `FEATURE_CLASSES`, named in `STEP`
+    for one test: the one line a new feature adds outside its folder."""
+    assert FEATURE_CLASSES["step_counter"] is StepCounter
+    assert "step_counter" not in {feature.name for feature in FEATURES}  # only STEP makes the trainer build it
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(STEP, "training_step_end", (*STEP["training_step_end"], "step_counter"))
+        yield StepCounter
+
+
+def test_a_new_feature_is_its_folder_and_its_line_in_step(tmp_path, tiny_model_dir, step_counter):
+    """Adding a feature touches no other place of the package: named in `STEP` at the point it acts, the trainer
+    builds it (`step_features`) and calls it there. Two optimizer steps of two micro-steps each: it sees global
+    steps 0, 0, 1, 1 (transformers counts an optimizer step after its last micro-step), once each."""
+    assert step_counter in step_features(STEP)
+    overridden = {
+        point for point in POINTS if getattr(step_counter, METHOD[point]) is not getattr(Feature, METHOD[point])
+    }
+    assert overridden == {point for point, acting in STEP.items() if "step_counter" in acting} == {"training_step_end"}
+    dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(16, seed=0)))
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=2, gradient_accumulation_steps=2))
+    trainer = GRPOTrainer(tiny_model_dir, length_reward, args, dataset)
+    trainer.train()
+    assert list(trainer.features) == ["step_counter"]  # every feature of the package is off
+    assert trainer.features["step_counter"].seen == [0, 0, 1, 1]
+    assert trainer.state.global_step == 2
 
 
 def test_a_regroup_event_names_each_new_groups_parents():
@@ -202,12 +254,24 @@ def test_config_docstring_and_help_describe_the_same_fields():
         assert sum(f"        {f.name} (`" in section for section in sections) == 1, f.name
 
 
+def test_each_feature_declares_its_settings_in_its_own_folder():
+    """Every `<feature>/config.py` holds a part that `GRPOConfig` composes (`config.FEATURE_CONFIGS`), and each part's
+    docstring section documents exactly its own fields, in order: `GRPOConfig`'s docstring is the parts' sections."""
+    folders_with_settings = {path.parent.name for path in PACKAGE.glob("*/config.py")}
+    composed = {part.fields.__module__ for part in FEATURE_CONFIGS}
+    assert {f"trl_grpo_ext.{folder}.config" for folder in folders_with_settings} <= composed
+    assert folders_with_settings <= FEATURE_FOLDERS
+    for part in FEATURE_CONFIGS:
+        documented = re.findall(r"^        (\w+) \(`[^`]+`, \*optional\*", part.section(), flags=re.MULTILINE)
+        assert documented == [f.name for f in dataclasses.fields(part.fields)], part.fields.__name__
+        assert part.section() in GRPOConfig.__doc__
+
+
 # The library core: the trainer, its config and the modules they share (the contact surface with TRL a module or a
 # package), and the feature folders. The tools (`cli`, `reporting`), task support (`gsm8k`) and the consumer-GPU
 # presets (`consumer_gpu`) are not part of it, nor are the old-path shims of moved modules.
 CORE_MODULES = ("trainer.py", "config.py", "features.py", "registry.py", "registration.py", "resume.py",
                 "field_checks.py", "dataset_preparation.py", "completion_text.py", "command_name.py")  # fmt: skip
-FEATURE_FOLDERS = ("policy_groups", "prompt_skip", "entropy", "grad_reg", "generation", "doctor")
 
 
 def _core_modules() -> list[Path]:

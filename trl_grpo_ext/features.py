@@ -97,11 +97,28 @@ def loss_scaler(trainer) -> "torch.amp.GradScaler | None":
     return scaler if scaler is not None and scaler.is_enabled() else None
 
 
+# Every feature class by its `name`, recorded when the class is defined (`Feature.__init_subclass__`); the trainer
+# builds the ones `trainer.STEP` names, so a new feature is its folder plus its lines in `STEP`.
+FEATURE_CLASSES: dict[str, type["Feature"]] = {}
+
+
 class Feature:
     """One feature of the trainer. Each method is a point of the step (module docstring); the defaults do nothing,
-    and `trainer.STEP` names the points each feature overrides (a test keeps the two in sync)."""
+    and `trainer.STEP` names the points each feature overrides (a test keeps the two in sync).
+
+    A subclass that sets `name` is recorded in `FEATURE_CLASSES` under it when defined. Raises ValueError when
+    another class already took the name."""
 
     name: str  # its key in `trainer.features`, `trainer.STEP` and checkpoints
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("name")
+        if name is None:  # an abstract helper class, or a subclass of a feature that keeps its name
+            return
+        if name in FEATURE_CLASSES:
+            raise ValueError(f"feature {name!r} is already defined ({FEATURE_CLASSES[name].__qualname__})")
+        FEATURE_CLASSES[name] = cls
 
     def __init__(self, trainer):
         self.trainer = trainer

@@ -13,13 +13,19 @@ Kinds, by annotation:
     - `str`: a string, one of `choices` in the field's metadata when it has them (as HfArgumentParser's).
     - `list[str]`: a list of mode names among `choices`, or one comma-separated string (`mode_list`).
     - `X | None`: None, or a value of kind X.
+
+Each feature declares its part of the config in its own folder (`<feature>/config.py`) as a `ConfigPart`: its fields,
+their ranges and modes, and the rules between them; `config.GRPOConfig` composes the parts.
 """
 
 import argparse
+import dataclasses
 import math
 import numbers
+import textwrap
 import types
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from transformers.hf_argparser import string_to_bool
@@ -192,3 +198,47 @@ def check_declarations(fields, ranges: dict[str, Range], modes: dict[str, tuple[
     unknown = sorted((set(ranges) | set(modes)) - names)
     if unknown:
         raise TypeError(f"FIELD_RANGES/FIELD_MODES declare fields GRPOConfig does not have: {unknown}")
+
+
+@dataclass(frozen=True)
+class ConfigPart:
+    """One feature's part of `GRPOConfig`, declared in the feature's folder (`<feature>/config.py`) and composed by
+    `config.py` (`FEATURE_CONFIGS`): `GRPOConfig` inherits `fields`, checks each of them by its type and declaration
+    (`check_field`), then runs `checks`.
+
+    Attributes:
+        fields: a dataclass mixin whose fields (each with a default and `metadata={"help": ...}`) `GRPOConfig`
+            adds to TRL's, and whose docstring is the feature's `> Parameters that control ...` section of
+            `GRPOConfig`'s docstring (`section`), written as a class docstring.
+        ranges: the `Range` of each int or float field.
+        modes: the modes each list field takes (a registry, read when a config is checked).
+        checks: the rules between fields (this feature's, and with TRL's), in order: `check(args) -> None` raising a
+            ValueError that names the fields and values. `args` may be a TRL config given the fields by
+            `GRPOConfig.add_defaults`, so a check reads fields only.
+
+    Raises:
+        TypeError: when declared, an int or float field without a range, a list field without modes, or a range or
+            modes naming no field (`check_declarations`).
+    """
+
+    fields: type
+    ranges: Mapping[str, Range] = dataclasses.field(default_factory=dict)
+    modes: Mapping[str, typing.Any] = dataclasses.field(default_factory=dict)
+    checks: tuple[Callable[[typing.Any], None], ...] = ()
+
+    def __post_init__(self):
+        check_declarations(dataclasses.fields(self.fields), self.ranges, self.modes)
+
+    def section(self, indent: str = " " * 8) -> str:
+        """The docstring of `fields`, dedented and then indented by `indent` (as under `Parameters:` of
+        `GRPOConfig`'s docstring), without its leading and trailing blank lines."""
+        return textwrap.indent(textwrap.dedent(self.fields.__doc__).strip("\n"), indent)
+
+    def check_fields(self, args) -> None:
+        """Each field of `fields` on `args` checked by its type and declaration, and replaced by its converted value
+        (`check_field`). Raises ValueError naming the field."""
+        for f in dataclasses.fields(self.fields):
+            choices = f.metadata.get("choices") or self.modes.get(f.name)
+            annotation = self.fields.__annotations__[f.name]  # not f.type: HfArgumentParser rewrites that in place
+            value = check_field(f.name, getattr(args, f.name), annotation, self.ranges.get(f.name), choices)
+            setattr(args, f.name, value)

@@ -7,12 +7,14 @@ a plain call to TRL's method.
 """
 
 import contextlib
+import importlib
 import inspect
 import logging
 import math
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from transformers.integrations.neftune import deactivate_neftune
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotate_checkpoints, speed_metrics
@@ -20,14 +22,9 @@ from trl.trainer.utils import get_config_model_id
 
 from .config import GRPOConfig, TRLGRPOConfig, policy_grouping_requested
 from .dataset_preparation import check_dataset_columns, with_row_column
-from .doctor.feature import RunDoctor
-from .entropy.feature import EntropyReg
-from .features import Feature, Regroup
+from .features import FEATURE_CLASSES, Feature, Regroup
 from .generation.checks import multi_turn_problem
-from .generation.feature import FastGenerationFeature
-from .grad_reg.feature import GradReg
-from .policy_groups.feature import PolicyGroups, check_policy_group_setup
-from .prompt_skip.feature import PromptSkip
+from .policy_groups.feature import check_policy_group_setup
 from .resume import (
     EpochSeededSampler,
     RunAlreadyComplete,
@@ -43,8 +40,10 @@ from .trl_contact import GRPOLoopState, TRLContact, output_dir, stop_memory_trac
 logger = logging.getLogger(__name__)
 _TRL_INIT = inspect.signature(TRLContact.__init__)  # TRL's GRPOTrainer.__init__: which argument is which
 
-# The features, in the order they are built (each `build` returns None when its settings are off).
-FEATURES = (PolicyGroups, PromptSkip, EntropyReg, GradReg, FastGenerationFeature, RunDoctor)
+# Each folder of the package with a `feature.py` holds a feature: importing that module defines its `Feature` subclass,
+# which records itself by name (`features.FEATURE_CLASSES`) for `STEP` to name it.
+for _path in sorted(Path(__file__).parent.glob("*/feature.py")):
+    importlib.import_module(f"{__package__}.{_path.parent.name}.feature")
 
 # Which features act at each point of a training step, in this order (`features` says what each point is). Within a
 # point the order matters where one feature reads what another wrote: the policy groups reweight the advantages
@@ -81,6 +80,17 @@ STEP = {
     # the state saved in checkpoints and restored on resume
     "checkpoint": ("policy_groups", "prompt_skip", "entropy_reg", "grad_reg"),
 }
+
+
+def step_features(step: dict[str, tuple[str, ...]]) -> tuple[type[Feature], ...]:
+    """The feature classes `step` names (a table like `STEP`), in the order it first names them: the order the trainer
+    builds them in (each `build` returns None when its settings are off; the policy groups come before entropy
+    regularization, whose per-group controllers read them). Raises KeyError for a name no feature has."""
+    names = dict.fromkeys(name for acting in step.values() for name in acting)
+    return tuple(FEATURE_CLASSES[name] for name in names)
+
+
+FEATURES = step_features(STEP)  # the package's features, in the order they are built
 
 
 class GRPOTrainer(TRLContact):
@@ -126,8 +136,9 @@ class GRPOTrainer(TRLContact):
     every log for the known ways a run wastes its steps, each finding warned once with the setting to change; the
     generation and scoring times and the CUDA memory logged for it. Training is unchanged.
 
-    The features that are on are in `self.features` (name -> `features.Feature`, built in `FEATURES` order); each
-    acts at the points of a step that `STEP` lists for it, called by this class's hooks and nowhere else.
+    The features that are on are in `self.features` (name -> `features.Feature`, built in the order `STEP` first
+    names them); each acts at the points of a step that `STEP` lists for it, called by this class's hooks and nowhere
+    else.
 
     Raises:
         ValueError: policy grouping with an iterable or missing training dataset; a column that a reward function
@@ -174,8 +185,8 @@ class GRPOTrainer(TRLContact):
         super().__init__(model, reward_funcs, args, train_dataset, *more, **kwargs)
         self.policy_group_fn = policy_group_fn
         self.run_already_complete = False  # set by `train`
-        self.features: dict[str, Feature] = {}  # the features that are on, by name, in `FEATURES` order
-        for feature_class in FEATURES:
+        self.features: dict[str, Feature] = {}  # the features that are on, by name, in the order `STEP` names them
+        for feature_class in step_features(STEP):
             feature = feature_class.build(self)
             if feature is not None:
                 self.features[feature.name] = feature

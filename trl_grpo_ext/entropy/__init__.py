@@ -2,6 +2,8 @@
 
 Entropy is that of the full next-token distribution, in nats per token (TRL's `entropy_from_logits`).
 
+* `config`: the settings (`EntropyRegFields`, `GRPOConfig`'s entropy fields), their ranges and modes
+  (`ENTROPY_REG_CONFIG`).
 * `modes`: the registry `ENTROPY_REG_MODES`, one class per mode (`target`, `clip_cov`, `kl_cov`, `advantage`); the
   config's validation, `--help` text and docs come from it. Adding a mode is one class there plus its config fields.
 * `bonus`: the entropy bonus and the entropy-shaped advantage.

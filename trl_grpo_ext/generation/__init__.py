@@ -2,6 +2,8 @@
 Every setting is off by default (`GRPOConfig.generation_compile`, `generation_max_prompt_length`,
 `generation_lora_merge`), and then a run is TRL's, bit for bit.
 
+* `config`: the settings (`FastGenerationFields`), their ranges and the rules with TRL's generation settings
+  (`FAST_GENERATION_CONFIG`); `generation_levers`.
 * `static_cache`: a static KV cache of fixed length, one per batch size kept for the run (fixed addresses for the CUDA
   graph), and a `torch.compile`d decode step (CUDA graphs on a GPU).
 * `lora_merge`: generating from W₀ + ΔW instead of PEFT's adapter layers, without drift: merged into the policy and

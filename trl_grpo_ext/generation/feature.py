@@ -44,10 +44,10 @@ from contextlib import contextmanager
 import torch
 from accelerate.utils import DistributedType
 
-from ..config import generation_levers
 from ..features import Feature
 from ..trl_contact import compiles_in_one_graph, drop_repeated_input_grad_hooks, generate_cache_argument, metrics
 from .checks import model_setting_problem
+from .config import generation_levers
 from .device_memory import check_copy_fits, generation_copy_bytes
 from .lora_merge import GenerationCopy, InplaceMerge, is_quantized_linear, lora_linears
 from .static_cache import StaticCaches, StaticCacheSizer

@@ -5,6 +5,8 @@ merged and split as training goes, optionally through the stages warm-up, compet
 A *policy group* is a set of prompts; it is not GRPO's *generation group* (the `num_generations` completions of one
 prompt). Settings: `GRPOConfig.policy_group_*`, `advantage_baseline`; off unless a group source is set.
 
+* `config`: the settings (`PolicyGroupFields`, `GRPOConfig`'s fields for grouping and its stages), their ranges and
+  the rules between them (`POLICY_GROUP_CONFIG`); `policy_grouping_requested`, `stages_requested`.
 * `assignment`: prompts to groups at the start (column, function, k-means over TF-IDF or embedding features).
 * `regrouping`: refining into sub-clusters, planning and applying merges and splits.
 * `statistics`: per-prompt and per-group reward statistics, moving averages, learning progress.

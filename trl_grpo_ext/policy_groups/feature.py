@@ -7,7 +7,6 @@ import logging
 import torch
 from accelerate.utils import gather_object
 
-from ..config import policy_grouping_requested, stages_requested
 from ..dataset_preparation import ROW_COLUMN
 from ..features import Feature, Regroup, local_rows, prompts_per_draw, total_rewards
 from ..trl_contact import log_total, loss_mask, metrics
@@ -23,6 +22,7 @@ from .assignment import (
     row_key,
     tfidf_features,
 )
+from .config import policy_grouping_requested, stages_requested
 from .state import PolicyGroupState
 
 logger = logging.getLogger(__name__)

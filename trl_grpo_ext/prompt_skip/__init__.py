@@ -5,6 +5,8 @@ GRESO, Zheng et al. 2025, arXiv:2506.02177); with policy groups, a prompt never 
 group, and a group never informative is skipped on its whole evidence. A skipped prompt is not replaced, and TRL's loss
 is normalized as if its completions were there with zero advantage. Off unless `GRPOConfig.prompt_skip` is set.
 
+* `config`: the settings (`PromptSkipFields`, `GRPOConfig`'s `prompt_skip*` fields), their ranges and the rules
+  between them and with TRL's (`PROMPT_SKIP_CONFIG`).
 * `history`: `PromptHistory`, a few bytes per prompt: when it was last generated for, its streak of uninformative
   visits, the reward they all got and their completion length.
 * `skipping`: the keep probability of a prompt, the online adaptation of its base, the first-visit and
