@@ -311,18 +311,12 @@ def debug_process() -> tuple[subprocess.CompletedProcess, str, str]:
         "import logging, os, runpy, sys, traceback, warnings\n"
         "import trl_grpo_ext.trainer\n"  # the package and all it imports: TRL, datasets... add filters of their own
         "before = list(warnings.filters)\n"
-        "from trl_grpo_ext import cli
-from trl_grpo_ext.cli import errors
-"
-        "import trl
-"
-        "assert warnings.filters == before and not logging.getLogger('bitsandbytes.backends.cpu.ops').filters
-"
+        "from trl_grpo_ext import cli\nfrom trl_grpo_ext.cli import errors\n"
+        "import trl\n"
+        "assert warnings.filters == before and not logging.getLogger('bitsandbytes.backends.cpu.ops').filters\n"
         # importing registers nothing: only register() and the grpo command do
-        "assert trl.GRPOTrainer is not trl_grpo_ext.trainer.GRPOTrainer
-"
-        f"os.environ[errors.DEBUG_ENV] = '1'
-"
+        "assert trl.GRPOTrainer is not trl_grpo_ext.trainer.GRPOTrainer\n"
+        f"os.environ[errors.DEBUG_ENV] = '1'\n"
         f"sys.argv = ['recipes/math_gsm8k.py', '--config', {DEMO!r}, '--num_generations', '3']\n"
         "try:\n"
         "    runpy.run_path('recipes/math_gsm8k.py', run_name='__main__')\n"
