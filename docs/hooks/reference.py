@@ -36,14 +36,33 @@ def _cell(text: str) -> str:
 
 
 def config_docstring(root: str) -> str:
-    """The class docstring of `trl_grpo_ext.GRPOConfig`, read statically."""
+    """The class docstring of `trl_grpo_ext.GRPOConfig` as the package composes it when imported
+    (`trl_grpo_ext/config.py`): the class's own docstring, then the `> Parameters that control ...` section of each
+    part in `FEATURE_CONFIGS` (the docstring of the fields mixin its `ConfigPart(...)` names first), all read
+    statically."""
     import griffe  # the docs extra's (mkdocstrings' static analysis)
 
     package = griffe.load("trl_grpo_ext", search_paths=[root], resolve_aliases=True, resolve_external=False)
-    config = package["GRPOConfig"]
-    if config.docstring is None:
+    config = package["config"]
+    if config["GRPOConfig"].docstring is None:
         raise PluginError("trl_grpo_ext.GRPOConfig has no docstring that static analysis can read")
-    return config.docstring.value
+    parts = config["FEATURE_CONFIGS"].value
+    sections = []
+    for element in getattr(parts, "elements", ()):
+        part = config[str(element)]
+        part = part.final_target if part.is_alias else part  # imported from the feature's config.py
+        call = part.value
+        arguments = getattr(call, "arguments", None)
+        if not arguments:
+            raise PluginError(f"config.FEATURE_CONFIGS: {element} is not a ConfigPart(<fields>, ...) call")
+        fields = part.parent[str(arguments[0])]
+        if fields.docstring is None:
+            raise PluginError(f"{fields.path} (a part of GRPOConfig) has no docstring section")
+        sections.append(textwrap.indent(fields.docstring.value, " " * 8))
+    if not sections:
+        raise PluginError("config.FEATURE_CONFIGS: no part found by static analysis")
+    base = textwrap.indent(config["GRPOConfig"].docstring.value, " " * 4)
+    return "\n" + base + "\n" + "\n\n".join(sections) + "\n    "
 
 
 def registered_modes(root: str, registry: str) -> str:

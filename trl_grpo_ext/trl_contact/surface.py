@@ -24,7 +24,7 @@ from .transformers_internals import _GRAD_HOOK
 logger = logging.getLogger(__package__)  # "trl_grpo_ext.trl_contact", the logger's name before the split
 
 WRITTEN_AGAINST = {"trl": "1.16.0", "transformers": "5.24.0"}
-# The ranges pyproject.toml allows and CI tests (the newest and the oldest release of each; README.md says why
+# The ranges pyproject.toml allows and CI tests (the newest and the oldest release of each; docs/layout.md says why
 # transformers starts at 5.18).
 SUPPORTED = {"trl": ">=1.16,<1.17", "transformers": ">=5.18,<6"}
 
