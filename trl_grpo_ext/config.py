@@ -7,12 +7,12 @@ checks TRL's counts and then each part.
 """
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from trl.trainer.grpo_config import GRPOConfig as TRLGRPOConfig  # TRL's class, also after register()
 
+from .doctor.config import RUN_DOCTOR_CONFIG, RunDoctorFields
 from .entropy.config import ENTROPY_REG_CONFIG
-from .field_checks import ConfigPart
 from .generation.config import FAST_GENERATION_CONFIG, generation_levers
 from .grad_reg.config import GRAD_REG_CONFIG
 from .policy_groups.config import POLICY_GROUP_CONFIG, policy_grouping_requested, stages_requested
@@ -34,35 +34,6 @@ TRL_COUNTS = {
     "num_iterations": (1, ">= 1 (passes over each generation batch)"),
 }
 
-
-@dataclass
-class RunDoctorFields:
-    r"""
-    > Parameters that control the run doctor
-
-    run_doctor (`bool`, *optional*, defaults to `False`):
-        Check the logged metrics at every log for the known ways a GRPO run wastes its steps (no learning
-        signal, overall and per policy group; truncation; entropy collapse or explosion; KL runaway; format-only
-        learning; a reward plateau; non-finite values; gradient-norm spikes; generation-bound steps; CUDA memory
-        headroom) and warn once per finding with its evidence and the setting to change
-        (`trl_grpo_ext.doctor.DoctorCallback`). Also logs `timing/generation` and `timing/scoring` (seconds per
-        optimizer step spent in `model.generate` and in scoring: rewards and log-probabilities) and, on CUDA,
-        `memory/peak_reserved_gib` and `memory/total_gib`. Training is unchanged. `trl-grpo-ext doctor RUN_DIR`
-        runs the same checks on a run's output folder.
-    """
-
-    run_doctor: bool = field(
-        default=False,
-        metadata={
-            "help": "Check the logged metrics at every log for the known ways a GRPO run wastes its steps and warn "
-            "once per finding with the setting to change; also logs timing/generation, timing/scoring and, on CUDA, "
-            "memory/peak_reserved_gib and memory/total_gib. Training is unchanged."
-        },
-    )
-
-
-# The run doctor's part: its one field lives here until `doctor/` holds it (a `doctor/config.py` like the others').
-RUN_DOCTOR_CONFIG = ConfigPart(RunDoctorFields)
 
 # Each feature's part of the config, in the order its fields are declared and documented (a new feature with settings
 # adds its part here).

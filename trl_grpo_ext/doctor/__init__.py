@@ -13,6 +13,7 @@
                   `training_metrics.jsonl`) read into rows, with clear errors for a missing, partial or foreign run
     `dashboard`   one PNG of the run at a glance (`plot_dashboard`)
     `callback`    `DoctorCallback`: the checks during training, each finding warned once
+    `config`      its setting, `run_doctor` (`RunDoctorFields`), its part of `GRPOConfig`
     `feature`     the trainer side (`GRPOConfig.run_doctor`): times generation and scoring, reads CUDA memory, adds the
                   callback
 
