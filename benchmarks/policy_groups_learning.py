@@ -173,6 +173,8 @@ def run(job: dict) -> dict:
         trainer = trainer_cls(model=job["model_dir"], reward_funcs=[reward], args=config_cls(**settings),
                               train_dataset=train, eval_dataset=evaluation)  # fmt: skip
         trainer.remove_callback(PrinterCallback)
+        if job.get("coupled"):  # common random numbers across variants (prompt_skip_family.py)
+            couple_sampling(trainer, seed)
         if job.get("skip_oracle"):  # prompt skipping told which prompts give all-equal rewards (prompt_skip_family.py)
             skip_oracle(trainer, train, (spec or MIXES[mix])[0], job["skip_oracle"])
         if job.get("stop", True):  # `stop=False`: train all `max_steps` (final rewards, not only steps to threshold)
@@ -201,6 +203,59 @@ def run(job: dict) -> dict:
                             for step, per_group in sorted(reward.evals.items())}}  # fmt: skip
 
 
+class KeyedGumbel:
+    """A logits processor that makes `do_sample=False` draw a sample: Gumbel noise added to the logits / temperature
+    (the Gumbel-max trick: argmax(z/T + g), g ~ Gumbel(0, 1), is a draw from softmax(z/T)), the noise of each row
+    and position seeded by the row's key, so a completion depends only on its prompt, its place in its generation
+    group, the step and the weights, not on which other prompts the batch holds."""
+
+    def __init__(self, keys: list[str], prompt_length: int, temperature: float):
+        self.keys, self.prompt_length, self.temperature = keys, prompt_length, temperature
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        position = input_ids.shape[1] - self.prompt_length
+        noise = torch.empty_like(scores, dtype=torch.float32)
+        for row, key in enumerate(self.keys):
+            generator = torch.Generator().manual_seed(zlib.crc32(f"{key}:{position}".encode()))
+            uniform = torch.rand(scores.shape[1], generator=generator).clamp(1e-12, 1 - 1e-7)
+            noise[row] = -torch.log(-torch.log(uniform))
+        return scores / self.temperature + noise.to(scores.dtype)
+
+
+def couple_sampling(trainer, seed: int) -> None:
+    """Common random numbers across variants (a variance reduction: every variant's run of one seed draws the same
+    completion for the same prompt, place in its generation group, step and weights). The model's `generate` draws
+    through `KeyedGumbel`, keyed by the seed, the step, training or evaluation, the prompt's tokens and its place
+    among the batch's copies of that prompt (TRL repeats each prompt of a generation group consecutively). Then a
+    variant whose update is stock TRL's (the no-refill oracle) follows stock TRL's run, but for float rounding, and
+    a skipping rule differs from it only where it changed the update, so a few seeds compare rules."""
+    import copy
+
+    from transformers import LogitsProcessorList
+
+    model = trainer.model
+    original = model.generate
+
+    def generate(*args, generation_config=None, **kwargs):
+        ids, mask = kwargs["input_ids"], kwargs["attention_mask"]
+        step, mode = trainer.state.global_step, "train" if trainer.model.training else "eval"
+        seen: dict[int, int] = {}
+        keys = []
+        for row in range(ids.shape[0]):
+            prompt = zlib.crc32(ids[row][mask[row].bool()].numpy().tobytes())
+            seen[prompt] = seen.get(prompt, -1) + 1
+            keys.append(f"{seed}:{step}:{mode}:{prompt}:{seen[prompt]}")
+        config = copy.deepcopy(generation_config)
+        temperature = config.temperature or 1.0
+        config.do_sample, config.temperature, config.top_p, config.top_k = False, 1.0, 1.0, None
+        processor = KeyedGumbel(keys, ids.shape[1], temperature)
+        return original(*args, generation_config=config, logits_processor=LogitsProcessorList([processor]), **kwargs)
+
+    model.generate = generate
+
+
 # tasks whose generation groups always get one reward: every advantage 0, nothing a step can learn from them
 ALL_EQUAL_TASKS = {"solved", "hopeless", "constant"}
 
@@ -209,16 +264,19 @@ def skip_oracle(trainer, train, groups: dict, kind="never") -> None:
     """Make the trainer's prompt skipping an oracle: a prompt of an `ALL_EQUAL_TASKS` group is never generated for
     (but for the layout's floor), every other one always; the loss normalized as for any skip. `kind="history"`:
     the bound of a rule that reads only each prompt's history, an uninformative prompt generated for on its first
-    visit and never after."""
+    visit and never after; `kind="signal"`: the bound of a rule that cannot skip before the run's first informative
+    generation group (every prompt generated until then, as the oracle after it)."""
     import torch
 
     from trl_grpo_ext.prompt_skip.history import NEVER
 
     uninformative = torch.tensor([groups[task][0] in ALL_EQUAL_TASKS for task in train["task"]])
     feature = trainer.features["prompt_skip"]
+    history = feature.skip.history
     if kind == "history":
-        history = feature.skip.history
         feature.keep_probabilities = lambda rows: (~uninformative[rows] | (history.last_step[rows] == NEVER)).double()
+    elif kind == "signal":  # the bound of a rule that waits for the run's first informative generation group
+        feature.keep_probabilities = lambda rows: (~uninformative[rows] | ~history.informed.any()).double()
     else:
         feature.keep_probabilities = lambda rows: (~uninformative[rows]).double()
 

@@ -6,7 +6,9 @@ mixes: prompt sets that come back 5-10 times, and a single pass over a GSM8K-lik
     python benchmarks/prompt_skip_family.py --report benchmarks/results/prompt_skip_family.json
 
 Each run is `policy_groups_learning.run`: the tiny local model, 4 prompts x 4 completions a step, the learnable groups
-evaluated every 4 steps (8 prompts each, 4 completions), trained all `--max_steps` (120). Variants:
+evaluated every 4 steps (8 prompts each, 4 completions), trained all `--max_steps` (120). Every variant's run of a seed
+draws the same completions for a prompt at a step with the same weights (common random numbers,
+`policy_groups_learning.couple_sampling`; `--independent`: each samples on its own). Variants:
 
 - `trl`: stock `trl.GRPOTrainer`;
 - `skip`: `prompt_skip=True` as the README shows it, no other setting; in the single-pass family with
@@ -19,7 +21,9 @@ evaluated every 4 steps (8 prompts each, 4 completions), trained all `--max_step
 - `oracle`: the no-refill oracle, prompt skipping told which prompts can only give all-equal rewards (the `solved`,
   `hopeless` and `constant` tasks: never generated for, but for the layout's floor), the loss normalized as `skip`'s;
 - `oracle_history`: the bound of a rule that reads only each prompt's own history: the same prompts generated for on
-  their first visit, never after.
+  their first visit, never after;
+- `oracle_signal`: the bound of a rule that cannot skip before the run's first informative generation group (as the
+  failing-group test waits): every prompt generated until then, as `oracle` after it.
 
 The figures, per mix, median over seeds: the completion tokens generated until the learnable groups' evaluation
 reward (mean of the last 2 evaluations) reaches the mix's threshold, and their ratio to stock TRL's (a run that does
@@ -64,7 +68,8 @@ VARIANTS = {
                                "policy_group_loss_weighting": False, "prompt_skip_group_informative": 0.1},
                     "hopeless": {"prompt_skip": True, "prompt_skip_hopeless": True, "policy_group_column": None},
                     "oracle": {"prompt_skip": True, "policy_group_column": None},
-                    "oracle_history": {"prompt_skip": True, "policy_group_column": None}},
+                    "oracle_history": {"prompt_skip": True, "policy_group_column": None},
+                    "oracle_signal": {"prompt_skip": True, "policy_group_column": None}},
     "single_pass": {"trl": None, "skip": {"prompt_skip": True, "policy_group_sampling": "uniform",
                                           "policy_group_loss_weighting": False},
                     "groups": {"prompt_skip": True, "policy_group_sampling": "uniform",
@@ -72,11 +77,13 @@ VARIANTS = {
                     "hopeless": {"prompt_skip": True, "prompt_skip_hopeless": True, "policy_group_sampling": "uniform",
                                  "policy_group_loss_weighting": False},
                     "oracle": {"prompt_skip": True, "policy_group_column": None},
-                    "oracle_history": {"prompt_skip": True, "policy_group_column": None}},
+                    "oracle_history": {"prompt_skip": True, "policy_group_column": None},
+                    "oracle_signal": {"prompt_skip": True, "policy_group_column": None}},
 }  # fmt: skip
 
 
-ORACLES = {"oracle": "never", "oracle_history": "history"}  # variant -> `policy_groups_learning.skip_oracle`'s kind
+# variant -> `policy_groups_learning.skip_oracle`'s kind
+ORACLES = {"oracle": "never", "oracle_history": "history", "oracle_signal": "signal"}
 
 
 def dump(results: list[dict]) -> str:
@@ -135,7 +142,7 @@ def report(results: list[dict]) -> str:
                     f"{_median([final_reward(r) for r in rs]):.3f}, per seed tokens "
                     f"{[round(t) if t != float('inf') else None for _, t in figures[v]]}"
                 )
-            for bound in ("oracle", "oracle_history"):
+            for bound in ("oracle", "oracle_history", "oracle_signal"):
                 if not rows.get(bound):
                     continue
                 saving = base - median_tokens[bound]
@@ -159,6 +166,8 @@ def main() -> None:
                         help="more variants: `skip` with these settings on top (tuning runs)")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--max_steps", type=int, default=120)
+    parser.add_argument("--independent", action="store_true",
+                        help="each variant samples on its own (default: common random numbers)")  # fmt: skip
     add_output_arguments(parser)
     args = parser.parse_args()
     if args.report:
@@ -190,7 +199,7 @@ def main() -> None:
                             continue
                         jobs.append({"mix": mix, "spec": spec, "prompts": prompts, "seed": seed, "variant": variant,
                                      "overrides": variants[family][variant], "max_steps": args.max_steps,
-                                     "model_dir": model_dir, "stop": False,
+                                     "model_dir": model_dir, "stop": False, "coupled": not args.independent,
                                      "skip_oracle": ORACLES.get(variant)})  # fmt: skip
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=args.workers, mp_context=context) as pool:

@@ -206,6 +206,14 @@ def test_the_groups_evidence_caps_first_visits_and_never_informative_prompts_onl
     keep = prompt_keep_probability(history, torch.arange(8), **settings, group_informative=0.1)
     # group 0's 3 failing visits (the solved row's do not count): 0.9^3 for its failing and unseen rows
     assert_close(keep, torch.tensor([0.729, 0.729, 0.729, 0.5, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64))
+    # the same visits without row 5's informative one: no prompt of the run was informative yet, so no group is
+    # tested (each would be throttled alike while the policy does not move)
+    alike = PromptHistory(8)
+    alike.observe(torch.tensor([0, 1, 3, 4]), torch.tensor([[0.0] * 4, [0.0] * 4, [1.0] * 4, [0.0] * 4]),
+                  torch.ones(4, 4), step=0)  # fmt: skip
+    alike.observe(torch.tensor([0]), torch.zeros(1, 4), torch.ones(1, 4), step=1)
+    untested = prompt_keep_probability(alike, torch.arange(8), **settings, group_informative=0.1)
+    assert_close(untested, without)
 
 
 def test_the_normalizer_counts_the_skipped_completions_per_loss_type():

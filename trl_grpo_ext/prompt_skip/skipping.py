@@ -203,7 +203,10 @@ def prompt_keep_probability(history, rows, base, hopeless, best, grace, floor, g
     not count). With `groups` = (assignment (R,) int64 policy group ids, K groups) and `first_visit`, a prompt never
     generated for gets `first_visit_keep` of its group's `solved_share` instead; with `group_informative` f > 0, a
     prompt never informative (never generated for, or failing at every visit) keeps at most its group's
-    `failing_group_keep` at f."""
+    `failing_group_keep` at f, once some prompt of the run was informative (before that, every group looks alike,
+    never informative, and the policy does not move: the test would throttle all of them alike, which saves no token
+    per informative generation group found and spends more steps finding the first; with a learnable group that
+    fails at first, it left a run at one prompt a step for 60 steps)."""
     keep = streak_keep(history.streak[rows], history.value[rows], history.informed[rows], best, base, hopeless, grace,
                        floor, tol)  # fmt: skip
     first = history.last_step[rows] == NEVER
@@ -215,7 +218,7 @@ def prompt_keep_probability(history, rows, base, hopeless, best, grace, floor, g
         solved = seen & (history.streak > 0) & (history.value.double() >= best - tol)
         share = solved_share(assignment, solved, seen, count, FIRST_VISIT_LEAST_SEEN)
         keep = torch.where(first, first_visit_keep(share[assignment[rows]], floor), keep)
-    if group_informative > 0:
+    if group_informative > 0 and bool(history.informed.any()):
         failing = history.failing_never_informative(best, tol=tol)
         group_keep = failing_group_keep(assignment, torch.where(failing, history.streak.long(), 0), history.informed,
                                         count, floor, group_informative)[assignment[rows]]  # fmt: skip
