@@ -346,6 +346,8 @@ def main() -> None:
     parser.add_argument("--mixes", nargs="+", default=list(MIXES), choices=list(MIXES))
     add_family_arguments(parser, seeds=[0, 1, 2, 3, 4], max_steps=160)
     parser.add_argument("--oracle", action="store_true", help="also run stock TRL on the learnable prompts alone")
+    parser.add_argument("--coupled", action="store_true",
+                        help="common random numbers across variants (couple_sampling)")  # fmt: skip
     args = parser.parse_args()
     prepared = prepare_runs(args, report)
     if prepared is None:
@@ -358,7 +360,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(save_tiny_model(f"{tmp}/tiny"))
         jobs = [{"mix": m, "seed": s, "variant": v, "overrides": o, "max_steps": args.max_steps,
-                 "model_dir": model_dir}
+                 "model_dir": model_dir, "coupled": args.coupled}
                 for m in args.mixes for s in args.seeds for v, o in variants.items()]  # fmt: skip
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=args.workers, mp_context=context) as pool:

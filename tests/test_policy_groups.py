@@ -23,6 +23,7 @@ from trl_grpo_ext.policy_groups.weights import (
     learnability_weights,
     normalize_weights,
     progress_weights,
+    smooth_weights,
 )
 
 D = torch.float64
@@ -131,6 +132,7 @@ class Args:
     policy_group_eta = 1.0
     policy_group_weight_min = 0.1
     policy_group_weight_max = 10.0
+    policy_group_weight_smoothing = 1.0
 
 
 def test_learnability_formulas():
@@ -177,6 +179,28 @@ def test_progress_statistics_start_recent_and_their_weights():
     state.observe(torch.tensor([0]), torch.ones(4), lengths, 4, 0.5, 8.0)
     assert_close(state.ema["progress_start"], torch.tensor([0.5], dtype=D))  # frozen after 8 completions
     assert state.progress_moments[1].item() == 8.0
+
+
+def test_smoothed_weights_move_part_of_the_way_to_the_rules():
+    assert_close(smooth_weights(torch.tensor([2.0, 0.0], dtype=D), torch.tensor([0.0, 2.0], dtype=D), 0.25),
+                 torch.tensor([1.5, 0.5], dtype=D))  # fmt: skip
+    new = torch.tensor([0.5, 1.5], dtype=D)
+    assert smooth_weights(torch.ones(2, dtype=D), new, 1.0) is new  # λ = 1: the rule's weights, untouched
+
+    class Smoothed(LearnabilityArgs):
+        policy_group_weight_smoothing = 0.5
+
+    # a group that always fails and one that always succeeds: the rule gives the failing one all the deficit
+    state = PolicyGroupState(["fails", "solved"], torch.arange(2), seed=0)
+    rule = learnability_weights(torch.tensor([0.0, 1.0], dtype=D), torch.zeros(2, dtype=torch.bool), 0.05, 5.0,
+                                torch.ones(2, dtype=torch.bool))  # fmt: skip
+    expected = torch.ones(2, dtype=D)
+    for step in range(3):
+        state.observe(torch.arange(2), torch.tensor([0.0] * 4 + [1.0] * 4), torch.ones(8, dtype=torch.long), 4, 0.9)
+        state.maybe_update_weights(step, Smoothed())
+        expected = 0.5 * expected + 0.5 * rule  # mean 1 already: renormalising leaves it
+        assert_close(state.weights, expected)
+    assert state.weights[0] < rule[0]  # after 3 updates, 7/8 of the way
 
 
 def test_learnability_tells_a_coin_flip_from_a_learnable_group():

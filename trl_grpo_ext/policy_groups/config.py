@@ -72,6 +72,10 @@ class PolicyGroupFields:
         Lower bound of a group weight (weights have mean 1 over groups).
     policy_group_weight_max (`float`, *optional*, defaults to `2.0`):
         Upper bound of a group weight.
+    policy_group_weight_smoothing (`float`, *optional*, defaults to `1.0`):
+        λ, the share of the rule's new weights taken at each update: w ← (1 − λ)·w + λ·w_rule, renormalised (an
+        exponential moving average of the rule's weights over about 1/λ updates, so that a weight follows the
+        rule's trend, not its step-to-step noise); 1: the rule's weights as they are.
     policy_group_loss_weighting (`bool`, *optional*, defaults to `True`):
         Multiply each completion's advantage by its group's weight, normalised to mean 1 over the batch so the
         loss scale is unchanged.
@@ -173,6 +177,9 @@ class PolicyGroupFields:
     )  # fmt: skip
     policy_group_weight_min: float = field(default=0.05, metadata={"help": "Lower bound of a group weight."})
     policy_group_weight_max: float = field(default=2.0, metadata={"help": "Upper bound of a group weight."})
+    policy_group_weight_smoothing: float = field(
+        default=1.0, metadata={"help": "Share of the rule's new weights taken at each update (1: no smoothing)."}
+    )
     policy_group_loss_weighting: bool = field(
         default=True,
         metadata={"help": "Multiply each advantage by its group's weight, normalised to mean 1 over the batch."},
@@ -282,6 +289,7 @@ POLICY_GROUP_CONFIG = ConfigPart(
         "policy_group_progress_halflife": Range(0, 1e6, low_open=True),
         "policy_group_weight_min": Range(0, 1, low_open=True),
         "policy_group_weight_max": Range(1, 1000),
+        "policy_group_weight_smoothing": Range(0, 1, low_open=True),
         "policy_group_sampling_floor": Range(0, 1),
         "policy_group_regroup_steps": Range(1),
         "policy_group_merge_tol": Range(0, 1e6),

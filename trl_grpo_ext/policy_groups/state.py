@@ -179,6 +179,7 @@ class PolicyGroupState:
         active = self.available & seen
         if active.sum() >= 2 and self.stages.stage != "warmup":
             bounds = (args.policy_group_weight_min, args.policy_group_weight_max)
+            previous = self.weights
             if learnability:
                 self.weights = weights.learnability_weights(reward, self.noise_like(args), *bounds, active)
             elif args.policy_group_weight_rule == "progress":
@@ -187,6 +188,7 @@ class PolicyGroupState:
             else:
                 self.weights = weights.deficit_weights(self.weights, reward, args.policy_group_eta, *bounds, active)
             self.weights = torch.where(active, self.weights, torch.ones_like(self.weights))
+            self.weights = weights.smooth_weights(previous, self.weights, args.policy_group_weight_smoothing)
             self.weights = weights.normalize_weights(self.weights, *bounds, self.available)
         self.window_reward = torch.where(seen, reward, self.window_reward)
         self.last_update_step = step

@@ -66,3 +66,10 @@ def learnability_weights(reward, noise_like, w_min: float, w_max: float, active)
     deficit = 1 - (reward - low) / (high - low) if high - low > 1e-9 else torch.ones_like(reward)
     alpha = (deficit + DEFICIT_FLOOR) * torch.where(noise_like, NOISE_SCALE, 1.0)
     return normalize_weights(alpha, w_min, w_max, active)
+
+
+def smooth_weights(previous: torch.Tensor, new: torch.Tensor, share: float) -> torch.Tensor:
+    """(1 − λ)·`previous` + λ·`new` (K,), λ = `share` (`policy_group_weight_smoothing`): an exponential moving
+    average of a rule's weights; `new` itself (the same tensor) at λ = 1. Both have mean 1 over the groups, so the
+    average does too, up to the groups that became active or inactive (the caller renormalises)."""
+    return new if share >= 1.0 else (1.0 - share) * previous + share * new
