@@ -248,6 +248,12 @@ def couple_sampling(trainer, seed: int) -> None:
             seen[prompt] = seen.get(prompt, -1) + 1
             keys.append(f"{seed}:{step}:{mode}:{prompt}:{seen[prompt]}")
         config = copy.deepcopy(generation_config)
+        truncated = {"top_p": config.top_p not in (None, 1.0), "top_k": config.top_k not in (None, 0),
+                     "min_p": config.min_p is not None}  # fmt: skip
+        if any(truncated.values()):  # the Gumbel noise draws from the full softmax(z/T) only
+            raise ValueError(
+                f"couple_sampling draws from softmax(z/T) only; got {[k for k, v in truncated.items() if v]}"
+            )
         temperature = config.temperature or 1.0
         config.do_sample, config.temperature, config.top_p, config.top_k = False, 1.0, 1.0, None
         processor = KeyedGumbel(keys, ids.shape[1], temperature)

@@ -5,6 +5,7 @@ import importlib.util
 import sys
 from types import SimpleNamespace
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -59,3 +60,6 @@ def test_a_prompt_gets_the_same_completions_whatever_else_the_batch_holds(tiny_m
     assert both[2] != both[3]  # a generation group's completions are distinct draws
     trainer.state.global_step = 4
     assert completions(["two"]) != alone  # another step, other draws
+    config.top_k = 50  # a truncated distribution is not what the Gumbel noise draws from: refused
+    with pytest.raises(ValueError, match=r"draws from softmax\(z/T\) only; got \['top_k'\]"):
+        completions(["two"])
