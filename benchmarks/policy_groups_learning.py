@@ -7,7 +7,10 @@ The tiny random-init Qwen2 model (built locally) learns on CPU. Its prompts fall
 completion is rewarded by its prompt's group (`TASKS`): learnable tasks (short completions, digits), tasks with
 nothing to learn (always solved, never solvable, a coin flip or uniform noise from a hash of the text). A mix
 (`MIXES`) gives each group its task and its share of the 256 prompts: 2 to 6 groups, shares from 10% to 50%, with and
-without a noise group, with and without solved groups, 0/1 and continuous rewards.
+without a noise group, with and without solved groups, 0/1 and continuous rewards. The widened family of issue #31
+(`WIDE_MIXES`) has 640 prompts a mix (160 steps draw about each once): continuous learnable rewards that are 0 for
+most completions at the start (their generation groups start uninformative, like a solved group's), noise groups of
+20-30%, 3 to 6 groups of unequal size, 0/1 and continuous rewards.
 
 Both trainers get the same model, data, seed, batch (16 completions a step) and learning rate. `trl.GRPOTrainer`
 draws prompts uniformly; trl_grpo_ext gets `policy_group_column="task"` and nothing else (plus `--ours` overrides).
@@ -17,9 +20,12 @@ averaged over the last 2 evaluations, reaches the mix's threshold (`None`: not w
 the completion tokens generated until then, and the median step time (evaluation excluded).
 
 The report gives, per mix, both trainers' steps on each seed, the ratio of the medians (target <= 0.7) and each
-seed's ratio; then the step-time ratio (target <= 1.05). `--json` writes every figure. `--oracle` adds a bound:
-stock TRL trained on the learnable groups' prompts alone (the same evaluation), i.e. a sampler that knows from the
-start which groups can be learnt and never draws another; no sampling rule can do much better than it.
+seed's ratio; then the step-time ratio (target <= 1.05); with `--oracle`, a last table of each variant's share of
+the oracle's gain, (1 − ours) / (1 − oracle) of the ratios (issue #31's target: >= 70%, and ours <= 1).
+`--coupled` samples with common random numbers (`couple_sampling`), so the variants of one seed can be compared.
+`--json` writes every figure. `--oracle` adds a bound: stock TRL trained on the learnable groups' prompts alone (the
+same evaluation), i.e. a sampler that knows from the start which groups can be learnt and never draws another; no
+sampling rule can do much better than it.
 """
 
 import argparse
@@ -62,6 +68,9 @@ TASKS = {
     "digits": (lambda text, n: float(_digit_fraction(text) >= 0.4), True),  # 0/1: at least 40% digit characters
     "brevity": (lambda text, n: 1.0 - n / MAX_LEN, True),  # continuous, about 0.05 at the start
     "digit_share": (lambda text, n: _digit_fraction(text), True),  # continuous, about 0.24 at the start
+    # continuous, and 0 for most completions at the start: a generation group starts uninformative, like a solved one's
+    "brevity_gate": (lambda text, n: max(0.0, 1.0 - n / 18), True),
+    "digit_gate": (lambda text, n: max(0.0, (_digit_fraction(text) - 0.3) / 0.7), True),
     "solved": (lambda text, n: 1.0, False),
     "hopeless": (lambda text, n: 0.0, False),
     "coin": (lambda text, n: float(zlib.crc32(text.encode()) % 2), False),  # 0/1 noise
@@ -87,6 +96,20 @@ MIXES = {
     "gsm8k_like": ({"easy": ("easy", 0.4), "medium": ("short", 0.2), "hard": ("shorter", 0.2),
                     "impossible": ("hopeless", 0.2)}, 0.7),
 }  # fmt: skip
+# The widened family (issue #31): 640 prompts, so 160 steps of 4 prompts draw about each prompt once, not many times
+WIDE_MIXES = {
+    # the issue's mix: two continuous learnable groups that start uninformative, two solved groups, 20% uniform noise
+    "cont_uninformative": ({"brevity": ("brevity_gate", 0.2), "digits": ("digit_gate", 0.2), "solved": ("solved", 0.2),
+                            "constant": ("constant", 0.2), "noise": ("uniform_noise", 0.2)}, 0.4),
+    "noise30": ({"short": ("short", 0.35), "shorter": ("shorter", 0.15), "noise": ("coin", 0.3),
+                 "solved": ("solved", 0.2)}, 0.7),
+    "three_unequal": ({"shorter": ("shorter", 0.6), "short": ("short", 0.1), "solved": ("solved", 0.3)}, 0.8),
+    "six_unequal": ({"brevity": ("brevity_gate", 0.1), "short": ("short", 0.25), "digits": ("digits", 0.05),
+                     "noise": ("uniform_noise", 0.25), "solved": ("solved", 0.15),
+                     "hopeless": ("hopeless", 0.2)}, 0.5),
+}  # fmt: skip
+MIXES |= WIDE_MIXES
+MIX_PROMPTS = {mix: 640 for mix in WIDE_MIXES}  # the others: PROMPTS
 
 
 def group_rows(mix: str, spec: tuple | None = None, prompts: int = PROMPTS) -> list[str]:
@@ -318,7 +341,37 @@ def median_steps(results: list[dict]) -> float:
     return statistics.median(r["steps"] if r["steps"] is not None else float("inf") for r in results)
 
 
+def share_captured(ratio: float, oracle_ratio: float) -> float:
+    """The share of the oracle's gain a variant captures, (1 − ratio) / (1 − oracle's ratio), both ratios of median
+    steps to stock TRL's (issue #31): 1 at the oracle, 0 at stock TRL, negative when slower than stock TRL; inf/-inf
+    where the oracle gains nothing (ratio >= 1) and the variant does better/worse than stock TRL."""
+    if oracle_ratio >= 1:
+        return math.inf if ratio < 1 else (-math.inf if ratio > 1 else 0.0)
+    return (1 - ratio) / (1 - oracle_ratio)
+
+
+def summary(results: list[dict], variants: list[str]) -> str:
+    """One line per mix and variant (other than stock TRL and the oracle): the seeds that stock TRL, the oracle and
+    the variant all ran, stock TRL's median steps over them, the oracle's ratio, the variant's ratio and its share of
+    the oracle's gain (`share_captured`). Empty without `ORACLE` results."""
+    if ORACLE not in variants:
+        return ""
+    lines = ["mix | variant | seeds | trl median steps | oracle | ratio (share of the oracle's gain)"]
+    for mix in MIXES:
+        for v in [v for v in variants if v not in ("trl", ORACLE)]:
+            rows = {u: [r for r in results if r["mix"] == mix and r["variant"] == u] for u in ("trl", ORACLE, v)}
+            seeds = set.intersection(*({r["seed"] for r in found} for found in rows.values()))
+            if not seeds:
+                continue
+            trl, oracle, ours = (median_steps([r for r in found if r["seed"] in seeds]) for found in rows.values())
+            ratio, oracle = ours / trl, oracle / trl
+            share = "at or past the oracle" if ratio <= oracle else f"{share_captured(ratio, oracle):.0%}"
+            lines.append(f"{mix} | {v} | {len(seeds)} | {trl} | {oracle:.2f} | {ratio:.2f} ({share})")
+    return "\n".join(lines)
+
+
 def report(results: list[dict], variants: list[str]) -> str:
+    results = list({(r["mix"], r["seed"], r["variant"]): r for r in results}.values())  # a run in two files: once
     for r in results:  # against the current thresholds, also for results read from an earlier --json
         r["steps"] = steps_to(r["curve"], MIXES[r["mix"]][1])
     lines = []
@@ -327,8 +380,10 @@ def report(results: list[dict], variants: list[str]) -> str:
                 for v in variants}  # fmt: skip
         if not rows["trl"] or not all(rows[v] for v in variants[1:]):
             continue
-        seeds = sorted({r["seed"] for v in variants[1:] for r in rows[v]}) or [r["seed"] for r in rows["trl"]]
-        rows["trl"] = [r for r in rows["trl"] if r["seed"] in seeds]
+        seeds = set.intersection(*({r["seed"] for r in rows[v]} for v in variants))  # a family stopped mid-mix
+        if not seeds:
+            continue
+        rows = {v: [r for r in rows[v] if r["seed"] in seeds] for v in variants}
         trl_median = median_steps(rows["trl"])
         lines.append(f"{mix} (threshold {MIXES[mix][1]}): trl steps {[r['steps'] for r in rows['trl']]}, "
                      f"median {trl_median}")  # fmt: skip
@@ -344,7 +399,7 @@ def report(results: list[dict], variants: list[str]) -> str:
             )
             lines.append(f"  {v}: steps {[r['steps'] for r in ours]}, median {median_steps(ours)}, ratio {ratio:.2f} "
                          f"(target <= 0.70), per seed {per_seed}, step time ratio {times:.2f}")  # fmt: skip
-    return "\n".join(lines)
+    return "\n".join([*lines, summary(results, variants)])
 
 
 def main() -> None:
@@ -366,7 +421,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(save_tiny_model(f"{tmp}/tiny"))
         jobs = [{"mix": m, "seed": s, "variant": v, "overrides": o, "max_steps": args.max_steps,
-                 "model_dir": model_dir, "coupled": args.coupled}
+                 "model_dir": model_dir, "coupled": args.coupled, "prompts": MIX_PROMPTS.get(m, PROMPTS)}
                 for m in args.mixes for s in args.seeds for v, o in variants.items()]  # fmt: skip
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=args.workers, mp_context=context) as pool:

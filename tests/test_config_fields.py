@@ -47,6 +47,7 @@ FIELDS = {
     "policy_group_weight_min": ([], [1e-6, 1.0], {}, "a finite number in (0, 1]"),
     "policy_group_weight_max": (["2.5"], [1.0, 1000.0], {}, "a finite number in [1, 1000]"),
     "policy_group_weight_smoothing": ([], [1e-6, 1.0], {}, "a finite number in (0, 1]"),
+    "policy_group_deficit_z": (["2.5"], [0.0, 100.0], {}, "a finite number in [0, 100]"),
     "policy_group_loss_weighting": ([], [True, False, "true", "no"], {}, "true or false"),
     "policy_group_sampling": ([], ["learnability", "uncertainty", "weighted", "uniform"], {},
                               "one of ['learnability', 'uncertainty', 'weighted', 'uniform']"),

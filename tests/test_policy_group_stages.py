@@ -111,7 +111,8 @@ def test_state_treats_groups_alike_in_warmup_and_keeps_the_rule_out_of_the_weigh
     state = PolicyGroupState(["a", "b"], torch.tensor([0, 1, 1, 1]), seed=0, warmup=True)
     args = SimpleNamespace(policy_group_weight_rule="progress", policy_group_update_steps=1, policy_group_eta=1.0,
                            policy_group_weight_min=0.05, policy_group_weight_max=2.0,
-                           policy_group_weight_smoothing=1.0, policy_group_sampling="weighted",
+                           policy_group_weight_smoothing=1.0, policy_group_deficit_z=0.0,
+                           policy_group_sampling="weighted",
                            policy_group_sampling_floor=0.0)  # fmt: skip
     state.observe(torch.tensor([0, 1]), torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=D), torch.ones(4), 2, 0.9)
     assert state.maybe_update_weights(1, args)

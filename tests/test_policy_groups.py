@@ -133,6 +133,7 @@ class Args:
     policy_group_weight_min = 0.1
     policy_group_weight_max = 10.0
     policy_group_weight_smoothing = 1.0
+    policy_group_deficit_z = 0.0
 
 
 def test_learnability_formulas():
@@ -201,6 +202,39 @@ def test_smoothed_weights_move_part_of_the_way_to_the_rules():
         expected = 0.5 * expected + 0.5 * rule  # mean 1 already: renormalising leaves it
         assert_close(state.weights, expected)
     assert state.weights[0] < rule[0]  # after 3 updates, 7/8 of the way
+
+
+def test_deficit_floor_keeps_groups_within_noise_near_equal():
+    active = torch.ones(3, dtype=torch.bool)
+    alike, noise_like = torch.tensor([0.50, 0.52, 0.51], dtype=D), torch.zeros(3, dtype=torch.bool)
+    # over the range 0.02 alone: deficits 1, 0, 0.5 -> alpha 1.05, 0.05, 0.55 -> x 3 / 1.65
+    assert_close(learnability_weights(alike, noise_like, 0.05, 5.0, active),
+                 torch.tensor([1.05, 0.05, 0.55], dtype=D) * 3 / 1.65)  # fmt: skip
+    # over the floor 0.1: deficits 1, 0.8, 0.9 -> alpha 1.05, 0.85, 0.95 -> x 3 / 2.85
+    assert_close(learnability_weights(alike, noise_like, 0.05, 5.0, active, 0.1),
+                 torch.tensor([1.05, 0.85, 0.95], dtype=D) * 3 / 2.85)  # fmt: skip
+    apart = torch.tensor([0.0, 1.0, 0.5], dtype=D)  # a spread above the floor: the rule unchanged
+    assert_close(learnability_weights(apart, noise_like, 0.05, 5.0, active, 0.1),
+                 learnability_weights(apart, noise_like, 0.05, 5.0, active))  # fmt: skip
+
+
+def test_deficit_floor_from_the_groups_standard_errors():
+    """One batch of 4 completions per group, rewards 1 in 4 and 3 in 4 (half-life 8): each group's recent reward has
+    Σw² = 4 · (1/4)² = 1/4 and variance max(0.25 − 0.25², Laplace's p(1 − p) = 1/3 · 2/3) = 2/9, so the
+    difference's standard error is √(2 · 2/9 · 1/4) = 1/3 and z = 2 puts the floor at 2/3, above the 0.5 spread."""
+    state = PolicyGroupState(["low", "high"], torch.arange(2), seed=0)
+    rewards = torch.tensor([0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
+    state.observe(torch.arange(2), rewards, torch.ones(8, dtype=torch.long), 4, 0.9, 8.0)
+    assert state.spread_standard_error(state.ema["reward"], torch.ones(2, dtype=torch.bool)) == pytest.approx(1 / 3)
+
+    class Floored(LearnabilityArgs):
+        policy_group_deficit_z = 2.0
+
+    state.maybe_update_weights(1, Floored())
+    # deficits 1 and 1 − 0.5 / (2/3) = 0.25 -> alpha 1.05, 0.30 -> x 2 / 1.35; without the floor 1.05, 0.05
+    assert_close(state.weights, torch.tensor([1.05, 0.30], dtype=D) * 2 / 1.35)
+    state.maybe_update_weights(2, LearnabilityArgs())
+    assert_close(state.weights, torch.tensor([1.05, 0.05], dtype=D) * 2 / 1.1)
 
 
 def test_learnability_tells_a_coin_flip_from_a_learnable_group():

@@ -58,11 +58,12 @@ class PolicyGroupFields:
         reward progress is measured); the `learnability` rule updates every step.
     policy_group_weight_rule (`str`, *optional*, defaults to `"learnability"`):
         `learnability`: α_i = (d_i + 0.05)·s_i, d_i group i's reward deficit over the range of group rewards (1
-        for the lowest, 0 for the highest), s_i = 0.2 for a group that looks like noise (no learning progress
-        since its start, z < 2, while more than half of its prompts still have completions that disagree: a coin
-        flip), else 1; updated every step (`policy_groups.weights` module docstring). `progress`: the design's
-        α_i ← α_i·(1 + η·ΔR_i), ΔR_i = group i's change in EMA reward over the window minus the mean change over
-        groups. `deficit`: α_i ← α_i·(1 + η·(R̄ − R_i)), favouring groups below the mean reward R̄.
+        for the lowest, 0 for the highest; the range floored by `policy_group_deficit_z`), s_i = 0.2 for a group
+        that looks like noise (no learning progress since its start, z < 2, while more than half of its prompts
+        still have completions that disagree: a coin flip), else 1; updated every step (`policy_groups.weights`
+        module docstring). `progress`: the design's α_i ← α_i·(1 + η·ΔR_i), ΔR_i = group i's change in EMA
+        reward over the window minus the mean change over groups. `deficit`: α_i ← α_i·(1 + η·(R̄ − R_i)),
+        favouring groups below the mean reward R̄.
     policy_group_eta (`float`, *optional*, defaults to `0.1`):
         Step size η of the `progress` and `deficit` updates.
     policy_group_progress_halflife (`float`, *optional*, defaults to `48.0`):
@@ -76,6 +77,11 @@ class PolicyGroupFields:
         λ, the share of the rule's new weights taken at each update: w ← (1 − λ)·w + λ·w_rule, renormalised (an
         exponential moving average of the rule's weights over about 1/λ updates, so that a weight follows the
         rule's trend, not its step-to-step noise); 1: the rule's weights as they are.
+    policy_group_deficit_z (`float`, *optional*, defaults to `2.0`):
+        `learnability` rule: the reward deficit is measured over max(R_max − R_min, z·SE), SE the standard error of
+        the difference between the highest and the lowest group's recent reward, so groups whose rewards differ by
+        less than the noise get nearly equal weights instead of the rule's full swing (which noise flips from step
+        to step); 0: over the range alone (the rule before issue #31).
     policy_group_loss_weighting (`bool`, *optional*, defaults to `True`):
         Multiply each completion's advantage by its group's weight, normalised to mean 1 over the batch so the
         loss scale is unchanged.
@@ -180,6 +186,11 @@ class PolicyGroupFields:
     policy_group_weight_smoothing: float = field(
         default=1.0, metadata={"help": "Share of the rule's new weights taken at each update (1: no smoothing)."}
     )
+    policy_group_deficit_z: float = field(
+        default=2.0,
+        metadata={"help": "learnability rule: the deficit is over max(reward range, z x its standard error); 0: the "
+                  "range alone."},
+    )  # fmt: skip
     policy_group_loss_weighting: bool = field(
         default=True,
         metadata={"help": "Multiply each advantage by its group's weight, normalised to mean 1 over the batch."},
@@ -290,6 +301,7 @@ POLICY_GROUP_CONFIG = ConfigPart(
         "policy_group_weight_min": Range(0, 1, low_open=True),
         "policy_group_weight_max": Range(1, 1000),
         "policy_group_weight_smoothing": Range(0, 1, low_open=True),
+        "policy_group_deficit_z": Range(0, 100),
         "policy_group_sampling_floor": Range(0, 1),
         "policy_group_regroup_steps": Range(1),
         "policy_group_merge_tol": Range(0, 1e6),

@@ -181,7 +181,8 @@ class PolicyGroupState:
             bounds = (args.policy_group_weight_min, args.policy_group_weight_max)
             previous = self.weights
             if learnability:
-                self.weights = weights.learnability_weights(reward, self.noise_like(args), *bounds, active)
+                floor = args.policy_group_deficit_z * self.spread_standard_error(reward, active)
+                self.weights = weights.learnability_weights(reward, self.noise_like(args), *bounds, active, floor)
             elif args.policy_group_weight_rule == "progress":
                 change = torch.nan_to_num(reward - self.window_reward, nan=0.0)  # no window yet: no change
                 self.weights = weights.progress_weights(self.weights, change, args.policy_group_eta, *bounds, active)
@@ -201,11 +202,10 @@ class PolicyGroupState:
         mix = self.stages.uniform_mix
         return self.weights if mix == 0 else toward_uniform(self.weights, mix, self.available)
 
-    def _progress_z(self) -> torch.Tensor:
-        """(K,) z-score of each group's learning progress since its start (`policy_groups.progress_z`). The reward
-        variance is the recent EMAs' second moment minus the squared mean, at least Laplace's p(1−p) over the
-        completions seen for 0/1 rewards (a group seen always right or always wrong is not certain), else at least
-        1e-4."""
+    def _reward_variance(self) -> torch.Tensor:
+        """(K,) variance of one completion's reward in each group: the recent EMAs' second moment minus the squared
+        mean, at least Laplace's p(1−p) over the completions seen for 0/1 rewards (a group seen always right or
+        always wrong is not certain), else at least 1e-4."""
         completions = self.prompts_seen * self.num_generations
         recent = self.ema["progress_recent"]
         if self.binary:
@@ -213,8 +213,27 @@ class PolicyGroupState:
             floor = p * (1 - p)
         else:
             floor = torch.full_like(completions, 1e-4)
-        variance = torch.maximum(self.ema["progress_second"] - recent**2, floor)
-        return statistics.progress_z(recent, self.ema["progress_start"], variance, *self.progress_moments)
+        return torch.maximum(self.ema["progress_second"] - recent**2, floor)
+
+    def _progress_z(self) -> torch.Tensor:
+        """(K,) z-score of each group's learning progress since its start (`policy_groups.progress_z`), with the
+        reward variance of `_reward_variance`."""
+        variance = self._reward_variance()
+        return statistics.progress_z(self.ema["progress_recent"], self.ema["progress_start"], variance,
+                                     *self.progress_moments)  # fmt: skip
+
+    def spread_standard_error(self, reward: torch.Tensor, active: torch.Tensor) -> float:
+        """The standard error of R_max − R_min, the difference between the highest and the lowest of the `active`
+        groups' rewards `reward` (K,): √(SE_max² + SE_min²), each group's SE² = v·Σw², v its completion reward
+        variance (`_reward_variance`) and Σw² that of its recent EMA's completion weights (the variance of a
+        weighted mean of i.i.d. rewards). Reward units; 0 for a group seen in no batch yet."""
+        variance = self._reward_variance() * self.progress_moments[0]
+        masked = torch.where(active, reward, torch.nan)
+        high, low = (
+            int(torch.nan_to_num(masked, nan=-torch.inf).argmax()),
+            int(torch.nan_to_num(masked, nan=torch.inf).argmin()),
+        )
+        return float((variance[high] + variance[low]).sqrt())
 
     def noise_like(self, args) -> torch.Tensor:
         """(K,) bool: groups that look like noise to the `learnability` rule. Warm, no learning progress since their

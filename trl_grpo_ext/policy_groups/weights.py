@@ -14,6 +14,13 @@ Formulas:
       half of its prompts still give GRPO a signal (completions that disagree), which is what a coin-flip reward does
       and a learnable group at 0% or 100% does not; else s_i = 1. A group at 0% success that starts to move keeps its
       full deficit weight.
+      With `policy_group_deficit_z` = z > 0 the range is floored by the noise of the rewards it is measured from:
+      d_i = 1 − (R_i − R_min) / max(R_max − R_min, z·SE), SE = √(SE_max² + SE_min²) the standard error of the
+      difference of the highest and the lowest group's recent reward (the standard error of a difference of two
+      independent means), each SE² = v·Σw² for an EMA with completion weights w of rewards of variance v. Groups
+      within noise of each other then get weights near 1 alike, and a weight moves only as far as the groups'
+      difference, against its standard error, supports (issue #31: without the floor, groups alike in reward swap
+      the whole 0-to-1 deficit range from step to step).
 """
 
 import torch
@@ -58,12 +65,18 @@ NOISE_INFORMATIVE = 0.5  # ... and has more than this share of prompts whose com
 DEFICIT_FLOOR = 0.05  # added to the deficit, so the best group keeps a weight
 
 
-def learnability_weights(reward, noise_like, w_min: float, w_max: float, active) -> torch.Tensor:
+def learnability_weights(reward, noise_like, w_min: float, w_max: float, active, spread_floor=0.0) -> torch.Tensor:
     """The `learnability` rule, α_i = (d_i + 0.05)·s_i (see the module docstring), clipped to [w_min, w_max] and
     renormalised to mean 1 over the `active` groups. `reward` (K,) EMA rewards, `noise_like` (K,) bool. Memoryless:
-    the weights follow the current rewards, not the previous weights. Returns (K,)."""
+    the weights follow the current rewards, not the previous weights. Returns (K,).
+
+    `spread_floor` (reward units, `policy_group_deficit_z` × the standard error of R_max − R_min): the deficit is
+    d_i = 1 − (R_i − R_min) / max(R_max − R_min, floor), so groups whose rewards differ by less than the noise get
+    deficits near 1 alike (weights near equal) instead of the full 0-to-1 swing that noise would flip from step to
+    step; a spread well above the floor gives the rule unchanged."""
     low, high = reward[active].min(), reward[active].max()
-    deficit = 1 - (reward - low) / (high - low) if high - low > 1e-9 else torch.ones_like(reward)
+    spread = torch.clamp(high - low, min=spread_floor)
+    deficit = 1 - (reward - low) / spread if spread > 1e-9 else torch.ones_like(reward)
     alpha = (deficit + DEFICIT_FLOOR) * torch.where(noise_like, NOISE_SCALE, 1.0)
     return normalize_weights(alpha, w_min, w_max, active)
 

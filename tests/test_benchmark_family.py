@@ -1,0 +1,44 @@
+"""The policy-group family benchmark's widened mixes and its report of the oracle's gain
+(`benchmarks/policy_groups_learning.py`, issue #31)."""
+
+import math
+
+import pytest
+
+from tests.test_benchmark_sampling import harness
+
+
+def test_widened_mixes_hold_640_prompts_in_their_shares():
+    module = harness()
+    for mix, (groups, _) in module.WIDE_MIXES.items():
+        assert sum(share for _, share in groups.values()) == pytest.approx(1.0), mix
+        rows = module.group_rows(mix, prompts=module.MIX_PROMPTS[mix])
+        assert len(rows) == 640
+        for group, (_, share) in groups.items():
+            assert rows.count(group) == round(share * 640), (mix, group)
+
+
+def test_gated_rewards_start_at_zero_and_grow_with_the_completion():
+    tasks = harness().TASKS
+    brevity, _ = tasks["brevity_gate"]
+    assert brevity("x", 24) == 0.0 and brevity("x", 18) == 0.0 and brevity("x", 9) == 0.5
+    digits, _ = tasks["digit_gate"]
+    assert digits("ab", 2) == 0.0 and digits("1a", 2) == pytest.approx((0.5 - 0.3) / 0.7) and digits("12", 2) == 1.0
+
+
+def test_share_of_the_oracles_gain():
+    share = harness().share_captured
+    assert share(0.8, 0.6) == pytest.approx(0.5)  # half of the oracle's 0.4
+    assert share(0.6, 0.6) == pytest.approx(1.0)
+    assert share(1.1, 0.6) == pytest.approx(-0.25)  # slower than stock TRL
+    assert share(0.9, 1.0) == math.inf and share(1.1, 1.0) == -math.inf and share(1.0, 1.2) == 0.0
+
+
+def test_summary_compares_the_seeds_every_variant_ran():
+    module = harness()
+    run = lambda variant, seed, steps: {"mix": "base4", "seed": seed, "variant": variant, "steps": steps}  # noqa: E731
+    results = [run("trl", 0, 100), run("trl", 1, 80), run("trl", 2, 60), run("oracle", 0, 50), run("oracle", 1, 40),
+               run("ours", 0, 75), run("ours", 1, 60)]  # fmt: skip
+    lines = module.summary(results, ["trl", "oracle", "ours"]).splitlines()
+    # seeds 0 and 1: medians 90 (TRL), 45 (oracle, 0.50), 67.5 (ours, 0.75): half of the oracle's gain
+    assert lines[1] == "base4 | ours | 2 | 90.0 | 0.50 | 0.75 (50%)"
