@@ -181,7 +181,8 @@ class PolicyGroupState:
             bounds = (args.policy_group_weight_min, args.policy_group_weight_max)
             previous = self.weights
             if learnability:
-                floor = args.policy_group_deficit_z * self.spread_standard_error(reward, active)
+                z = args.policy_group_deficit_z
+                floor = z * self.spread_standard_error(reward, active) if z > 0 else 0.0
                 self.weights = weights.learnability_weights(reward, self.noise_like(args), *bounds, active, floor)
             elif args.policy_group_weight_rule == "progress":
                 change = torch.nan_to_num(reward - self.window_reward, nan=0.0)  # no window yet: no change
@@ -227,12 +228,9 @@ class PolicyGroupState:
         groups' rewards `reward` (K,): √(SE_max² + SE_min²), each group's SE² = v·Σw², v its completion reward
         variance (`_reward_variance`) and Σw² that of its recent EMA's completion weights (the variance of a
         weighted mean of i.i.d. rewards). Reward units; 0 for a group seen in no batch yet."""
+        groups = active.nonzero().squeeze(1)
+        high, low = groups[reward[groups].argmax()], groups[reward[groups].argmin()]
         variance = self._reward_variance() * self.progress_moments[0]
-        masked = torch.where(active, reward, torch.nan)
-        high, low = (
-            int(torch.nan_to_num(masked, nan=-torch.inf).argmax()),
-            int(torch.nan_to_num(masked, nan=torch.inf).argmin()),
-        )
         return float((variance[high] + variance[low]).sqrt())
 
     def noise_like(self, args) -> torch.Tensor:
