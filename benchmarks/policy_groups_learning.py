@@ -14,10 +14,10 @@ most completions at the start (their generation groups start uninformative, like
 
 Both trainers get the same model, data, seed, batch (16 completions a step) and learning rate. `trl.GRPOTrainer`
 draws prompts uniformly; trl_grpo_ext gets `policy_group_column="task"` and nothing else (plus `--ours` overrides).
-Every `EVAL_EVERY` steps both generate for a fixed evaluation set (8 prompts of each learnable group, 4 completions
-each); the figure is the first step at which the learnable groups' evaluation reward (each group counted alike),
-averaged over the last 2 evaluations, reaches the mix's threshold (`None`: not within `--max_steps`). Also reported:
-the completion tokens generated until then, and the median step time (evaluation excluded).
+Every `EVAL_EVERY` steps (`--eval_every`) both generate for a fixed evaluation set (8 prompts of each learnable
+group, 4 completions each); the figure is the first step at which the learnable groups' evaluation reward (each group
+counted alike), averaged over the last 2 evaluations, reaches the mix's threshold (`None`: not within `--max_steps`).
+Also reported: the completion tokens generated until then, and the median step time (evaluation excluded).
 
 The report gives, per mix, both trainers' steps on each seed, the ratio of the medians (target <= 0.7) and each
 seed's ratio; then the step-time ratio (target <= 1.05); with `--oracle`, a last table of each variant's share of
@@ -185,7 +185,7 @@ def run(job: dict) -> dict:
     reward = MixReward(mix, spec)
     with tempfile.TemporaryDirectory() as out:
         settings = dict(SETTINGS, output_dir=out, max_steps=max_steps, seed=seed, eval_strategy="steps",
-                        eval_steps=EVAL_EVERY)  # fmt: skip
+                        eval_steps=job.get("eval_every", EVAL_EVERY))  # fmt: skip
         if overrides is None or overrides == ORACLE:
             config_cls, trainer_cls = trl.GRPOConfig, trl.GRPOTrainer
             if overrides == ORACLE:  # what no sampling rule can beat: only the learnable groups' prompts
@@ -219,7 +219,8 @@ def run(job: dict) -> dict:
     reached = steps_to(curve, threshold)
     tokens = sum(n for step, n in reward.tokens.items() if reached is None or step < reached)
     return {"mix": mix, "seed": seed, "variant": job["variant"], "steps": reached,
-            "tokens": tokens if reached else None, "step_time": statistics.median(step_times), "curve": curve,
+            "eval_every": job.get("eval_every", EVAL_EVERY), "tokens": tokens if reached else None,
+            "step_time": statistics.median(step_times), "curve": curve,
             "prompts_per_group": prompts, "zero_std": zero_std, "final_step": final, "log": logs,
             "tokens_per_step": dict(reward.tokens),
             "group_evals": {step: {g: statistics.mean(v) for g, v in per_group.items()}
@@ -407,6 +408,9 @@ def main() -> None:
     parser.add_argument("--mixes", nargs="+", default=list(MIXES), choices=list(MIXES))
     add_family_arguments(parser, seeds=[0, 1, 2, 3, 4], max_steps=160)
     parser.add_argument("--oracle", action="store_true", help="also run stock TRL on the learnable prompts alone")
+    parser.add_argument("--eval_every", type=int, default=EVAL_EVERY,
+                        help=f"steps between two evaluations (default {EVAL_EVERY}); a finer grid for mixes whose "
+                        "gains are a few steps")  # fmt: skip
     parser.add_argument("--coupled", action="store_true",
                         help="common random numbers across variants (couple_sampling)")  # fmt: skip
     args = parser.parse_args()
@@ -421,7 +425,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(save_tiny_model(f"{tmp}/tiny"))
         jobs = [{"mix": m, "seed": s, "variant": v, "overrides": o, "max_steps": args.max_steps,
-                 "model_dir": model_dir, "coupled": args.coupled, "prompts": MIX_PROMPTS.get(m, PROMPTS)}
+                 "model_dir": model_dir, "coupled": args.coupled, "prompts": MIX_PROMPTS.get(m, PROMPTS),
+                 "eval_every": args.eval_every}
                 for m in args.mixes for s in args.seeds for v, o in variants.items()]  # fmt: skip
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=args.workers, mp_context=context) as pool:
