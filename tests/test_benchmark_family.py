@@ -1,5 +1,6 @@
 """The policy-group family benchmark's widened mixes and its report of the oracle's gain
-(`benchmarks/policy_groups_learning.py`, issue #31)."""
+(`benchmarks/policy_groups_learning.py`, issue #31); the entropy-target family's verdict
+(`benchmarks/entropy_target_family.py`, issue #33)."""
 
 import math
 
@@ -42,3 +43,26 @@ def test_summary_compares_the_seeds_every_variant_ran():
     lines = module.summary(results, ["trl", "oracle", "ours"]).splitlines()
     # seeds 0 and 1: medians 90 (TRL), 45 (oracle, 0.50), 67.5 (ours, 0.75): half of the oracle's gain
     assert lines[1] == "base4 | ours | 2 | 90.0 | 0.50 | 0.75 (50%)"
+
+
+def test_entropy_family_verdict_leaves_the_stress_tasks_out():
+    module = harness("entropy_target_family")
+    assert module.STRESS < set(module.TASKS) and not module.STRESS & {"digits8", "digits8_pretrained"}
+
+    def run(task, variant, lowest_share, final_reward):
+        return {"task": task, "seed": 0, "variant": variant, "entropy": [6.6, 1.0], "lowest_share": lowest_share,
+                "final_reward": final_reward, "final_entropy": 1.0, "target": 1.0}  # fmt: skip
+
+    held = [run("digits8", "trl", None, 0.90), run("digits8", "relative", 0.90, 0.89),
+            run("digits8_t013", "trl", None, 0.90), run("digits8_t013", "relative", 0.10, 0.90)]  # fmt: skip
+    lines = module.report(held, ["trl", "relative"]).splitlines()
+    assert lines[-1] == "relative: every task and seed passes: True (the stress tasks: False)"
+    assert "digits8_t013 (stress task, outside the target)" in lines[2]
+    # 0.84 of the target after the crossing, and a final reward 0.03 below stock TRL's: each fails the task alone
+    for lowest, final in ((0.84, 0.90), (0.90, 0.87)):
+        failed = [run("digits8", "trl", None, 0.90), run("digits8", "relative", lowest, final)]
+        assert (
+            module.report(failed, ["trl", "relative"])
+            .splitlines()[-1]
+            .startswith("relative: every task and seed passes: False")
+        )

@@ -12,11 +12,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from tests.conftest import REPO_ROOT
 
 
-def harness():
+def harness(name: str = "policy_groups_learning"):
+    """The benchmark script `benchmarks/{name}.py` as a module."""
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))  # its own imports (family_common)
-    spec = importlib.util.spec_from_file_location(
-        "policy_groups_learning", REPO_ROOT / "benchmarks" / "policy_groups_learning.py"
-    )
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -81,14 +81,37 @@ def test_relative_target_measures_each_keys_reference_then_holds_a_share_of_it()
     # an unmeasured key: 0.5 x (2.0 + 1.8 + 1.6 + 0.4 + 0.4) / 5 steps = 0.5 x 1.24 = 0.62
     assert pi.target_of("c") == pytest.approx(0.62)
     state = pi.state_dict()
-    pi.update({"a": 0.5, "b": 0.5})  # a: e = 0.4 -> 0.1*0.4 + 0.05*0.4 (falling: the horizon is 0) = 0.06; b: e < 0
-    assert pi.coef["a"] == pytest.approx(0.06) and pi.coef["b"] == 0.0
+    # a: e = 0.4 nats, 0.4 / 0.9 of its target -> (0.1 + 0.05) x 4/9 (falling: the horizon is 0) = 1/15; b: e < 0
+    pi.update({"a": 0.5, "b": 0.5})
+    assert pi.coef["a"] == pytest.approx(1 / 15) and pi.coef["b"] == 0.0
     resumed = EntropyPI(target=None, kp=0.1, ki=0.05, bounds=(0.0, 1.0), keys=["a", "b"], ratio=0.5, window=3)
     resumed.load_state_dict(state)
     resumed.update({"a": 0.5, "b": 0.5})
     assert resumed.state_dict() == pi.state_dict()  # a resumed controller continues exactly
     pi.regroup({"a+b": {"a": 3, "b": 1}, "c": {"c": 2}})  # (0.9*3 + 0.2*1) / 4 = 0.725; c: the mean reference
     assert pi.target_of("a+b") == pytest.approx(0.725) and pi.target_of("c") == pytest.approx(0.62)
+
+
+def test_relative_target_acts_alike_on_a_model_that_starts_ten_times_lower():
+    """Issue #33: with a relative target the error is in units of the target, so a model whose entropy starts 10x
+    lower and falls the same way, 10x lower at every step, gets the same coefficients; in nats (the absolute target,
+    here at each run's own target) the low model's would be 10x weaker."""
+    fall = [2.0, 2.0, 1.6, 1.2, 0.9, 0.7, 0.6, 0.55, 0.5, 0.5, 0.6]
+    runs = {}
+    for scale in (1.0, 0.1):
+        relative = EntropyPI(target=None, kp=0.5, ki=0.02, bounds=(0.0, 1.0), keys=["all"], horizon=4, ratio=0.5,
+                             window=2)  # fmt: skip
+        absolute = EntropyPI(target=scale, kp=0.5, ki=0.02, bounds=(0.0, 1.0), keys=["all"], horizon=4)
+        runs[scale] = [], []
+        for entropy in fall:
+            relative.update({"all": scale * entropy})
+            absolute.update({"all": scale * entropy})
+            runs[scale][0].append(relative.coefficient("all"))
+            runs[scale][1].append(absolute.coefficient("all"))
+        assert relative.target_of("all") == pytest.approx(scale)  # 0.5 x the first 2 steps' 2.0 x scale
+    assert runs[1.0][0] == pytest.approx(runs[0.1][0]) and max(runs[1.0][0]) > 0.3
+    assert runs[1.0][1] == pytest.approx(runs[1.0][0])  # at a 1-nat target the relative and absolute laws coincide
+    assert runs[0.1][1] == pytest.approx([c / 10 for c in runs[1.0][0]])  # in nats: 10x weaker
 
 
 def test_pi_controller_integral_stays_within_the_coefficient_range():

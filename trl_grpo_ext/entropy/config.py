@@ -36,9 +36,11 @@ class EntropyRegFields:
         With `target` and policy groups: one controller and coefficient per policy group, each holding its own
         group's entropy at `entropy_target` (or its own reference times `entropy_target_ratio`).
     entropy_pi_kp (`float`, *optional*, defaults to `0.5`):
-        Proportional gain of the `target` controller, in coefficient per nat of entropy error.
+        Proportional gain of the `target` controller, in coefficient per nat of entropy error (with
+        `entropy_target_ratio`: per unit of error relative to the target, (target − H) / target).
     entropy_pi_ki (`float`, *optional*, defaults to `0.02`):
-        Integral gain of the `target` controller, in coefficient per nat per optimizer step.
+        Integral gain of the `target` controller, in coefficient per nat per optimizer step (with
+        `entropy_target_ratio`: per unit of relative error per step).
     entropy_pi_horizon (`float`, *optional*, defaults to `12.0`):
         Optimizer steps τ the `target` controller looks ahead while the entropy falls: its proportional term acts
         on H + τ·s, s the filtered per-step change of the entropy when negative (`entropy.EntropyPI`). 0 is the
@@ -78,11 +80,15 @@ class EntropyRegFields:
         default=False, metadata={"help": "With target and policy groups: one controller per policy group."}
     )
     entropy_pi_kp: float = field(
-        default=0.5, metadata={"help": "Proportional gain of the target controller (coefficient per nat)."}
-    )
+        default=0.5,
+        metadata={"help": "Proportional gain of the target controller (coefficient per nat; with "
+                  "entropy_target_ratio, per unit of error relative to the target)."},
+    )  # fmt: skip
     entropy_pi_ki: float = field(
-        default=0.02, metadata={"help": "Integral gain of the target controller (coefficient per nat per step)."}
-    )
+        default=0.02,
+        metadata={"help": "Integral gain of the target controller (coefficient per nat per step; with "
+                  "entropy_target_ratio, per unit of relative error per step)."},
+    )  # fmt: skip
     entropy_pi_horizon: float = field(
         default=12.0,
         metadata={"help": "Steps ahead the target controller looks when the entropy falls (0: plain PI control)."},

@@ -29,7 +29,10 @@ class EntropyPI:
     own entropy before training has moved it much: 0.14-0.63 nats for 7B-0.5B Qwen2.5 Instruct models on GSM8K at
     temperature 1, 6.7 for a random 1,024-token model). Until the window ends there is no target: the coefficient
     stays at c_min and nothing is integrated. A key not measured in the window takes r × the mean reference of all
-    keys (step-weighted); a key that a regroup creates takes its parents' targets, weighted.
+    keys (step-weighted); a key that a regroup creates takes its parents' targets, weighted. With a relative target
+    the errors e and target − Ĥ are in units of the key's target (divided by it), so k_p and k_i are per unit of
+    relative error: the same fall of 10% below the target gets the same coefficient at 0.1 nats as at 1 nat (in nats
+    the gains would act 10x more weakly on the model that starts 10x lower; at a 1-nat target the two coincide).
     """
 
     SMOOTHING = 0.5  # β of the trend filter
@@ -101,10 +104,12 @@ class EntropyPI:
                 self.reference[key] = [total + entropy, count + 1]
                 continue
             target = self.target_of(key)
-            if target is None or math.isnan(target):  # no reference was measured: nothing to hold it at
+            if target is None or math.isnan(target) or target <= 0:  # no reference measured, or an entropy of 0
                 continue
-            error = target - entropy
-            anticipated = target - (entropy + self.horizon * min(self.trend[key], 0.0))
+            # relative target: the error in units of the target, so the gains act alike at every model's entropy
+            unit = target if self.ratio is not None else 1.0
+            error = (target - entropy) / unit
+            anticipated = (target - (entropy + self.horizon * min(self.trend[key], 0.0))) / unit
             integral = self.integral[key] + error
             if self.ki > 0:  # the integral term stays within the coefficient's range: k_i·I in [c_min, c_max]
                 integral = min(max(integral, low / self.ki), high / self.ki)
