@@ -114,6 +114,21 @@ def test_relative_target_acts_alike_on_a_model_that_starts_ten_times_lower():
     assert runs[0.1][1] == pytest.approx([c / 10 for c in runs[1.0][0]])  # in nats: 10x weaker
 
 
+def test_relative_target_by_default_holds_a_share_of_the_first_steps_entropy(tmp_path):
+    """Issue #33: by default the reference is the entropy of step 1, before any update moved the model, and the
+    controller acts from step 2 (a run that collapses in its first steps is met at once, not after a window)."""
+    args = GRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, entropy_reg=["target"], entropy_target_ratio=0.5
+    )
+    assert args.entropy_target_window == 1
+    pi = EntropyPI(target=None, kp=0.5, ki=0.02, bounds=(0.0, 1.0), keys=["all"], ratio=0.5,
+                   window=args.entropy_target_window)  # fmt: skip
+    pi.update({"all": 0.8})
+    assert pi.target_of("all") == pytest.approx(0.4) and pi.coef["all"] == 0.0
+    pi.update({"all": 0.3})  # 0.1 below the 0.4-nat target: a relative error of 0.25 -> (0.5 + 0.02) x 0.25
+    assert pi.coef["all"] == pytest.approx(0.13)
+
+
 def test_pi_controller_integral_stays_within_the_coefficient_range():
     # ki*I is kept in [c_min, c_max] = [0, 0.3]: a long spell above the target leaves I at 0, so a later fall below
     # the target gets its bonus at once (the proportional term plus a fresh integral)

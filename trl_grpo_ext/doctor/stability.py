@@ -40,8 +40,8 @@ def entropy_collapse(run: Run) -> list[Finding] | Skip:
         f"entropy {means[end - width + 1]:.3g} nats over {span(steps, end, width)}, "
         f"{means[end - width + 1] / start:.0%} "
         f"of its {start:.3g} over the first {width} rows (<= {ratio:.0%})",
-        "entropy_reg=target with entropy_target_ratio=0.15 (trl_grpo_ext keeps the entropy at 0.15 x its first steps' "
-        "mean), or "
+        "entropy_reg=target with entropy_target_ratio=0.15 (trl_grpo_ext keeps the entropy at 0.15 x its first "
+        "step's), or "
         f"entropy_reg=clip_cov; a larger upper clip ratio epsilon_high=0.28 (DAPO's clip-higher); temperature"
         f"{run.now('temperature')} at 1.0",
         int(steps[end]),

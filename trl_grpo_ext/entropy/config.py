@@ -29,9 +29,11 @@ class EntropyRegFields:
         `entropy_target_window` optimizer steps (per policy group with `entropy_target_per_group`), in (0, 1]:
         "do not let the entropy fall below this share of where the model started". Instead of TRL's absolute
         `entropy_target` (nats), which must then stay at its default.
-    entropy_target_window (`int`, *optional*, defaults to `5`):
+    entropy_target_window (`int`, *optional*, defaults to `1`):
         Optimizer steps whose measured entropy is the reference of `entropy_target_ratio`; the controller acts
-        from the step after. Shorter than `max_steps`.
+        from the step after. Shorter than `max_steps`. 1: the entropy of the first step, before any update moved
+        the model (a longer window averages more tokens, but a run that collapses inside it has no target until
+        it ends).
     entropy_target_per_group (`bool`, *optional*, defaults to `False`):
         With `target` and policy groups: one controller and coefficient per policy group, each holding its own
         group's entropy at `entropy_target` (or its own reference times `entropy_target_ratio`).
@@ -74,7 +76,7 @@ class EntropyRegFields:
                   "entropy_target_window steps, in (0, 1]; instead of entropy_target (nats)."},
     )  # fmt: skip
     entropy_target_window: int = field(
-        default=5, metadata={"help": "Optimizer steps whose entropy is the reference of entropy_target_ratio."}
+        default=1, metadata={"help": "Optimizer steps whose entropy is the reference of entropy_target_ratio."}
     )
     entropy_target_per_group: bool = field(
         default=False, metadata={"help": "With target and policy groups: one controller per policy group."}
