@@ -81,6 +81,7 @@ FIELDS = {
     "entropy_pi_kp": (["2.5"], [0.0, 1000.0], {}, "a finite number in [0, 1000]"),
     "entropy_pi_ki": (["2.5"], [0.0, 1000.0], {}, "a finite number in [0, 1000]"),
     "entropy_pi_horizon": (["2.5"], [0.0, 1e4], {}, "a finite number in [0, 10000]"),
+    "entropy_pi_noise_band": (["2.5"], [0.0, 100.0], {}, "a finite number in [0, 100]"),
     "clip_cov_ratio": ([], [1e-6, 1.0], {}, "a finite number in (0, 1]"),
     "clip_cov_lb": (["-1", "-0.5", "2.5"], [-1e9, 4.99], {}, "a finite number in [-1000000000, 1000000000]"),
     "clip_cov_ub": (["-1", "-0.5", "2.5"], [1e9, -0.99], {"clip_cov_lb": -1.0 - 1e-6},

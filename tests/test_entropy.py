@@ -168,6 +168,44 @@ def test_pi_controller_with_a_horizon_acts_before_a_fast_fall_crosses_the_target
     assert (other.trend, other.last) == (pi.trend, pi.last)
 
 
+def test_look_ahead_ignores_a_fall_within_the_entropys_own_noise_but_not_a_steady_one():
+    """SmolLM2-135M's first steps (benchmarks/results/entropy_target_smollm2_30.json): the entropy moves +-0.3 nats
+    about 2 nats, far above a 0.33-nat target; with band 0 the filtered fall of step 5 (-0.15/step) looks like a fall
+    to 0 within 12 steps and sets off a 0.39 bonus; within the default band of 2 standard errors it is noise."""
+    noisy = [2.194, 1.964, 2.132, 2.211, 1.860]
+    band = GRPOConfig.entropy_pi_noise_band
+    assert band == 2.0
+
+    def coefficients(series, band):
+        pi = EntropyPI(None, 0.5, 0.02, (0.0, 1.0), ["all"], horizon=12, ratio=0.15, window=1, band=band)
+        return [pi.update({"all": h}) or pi.coef["all"] for h in series]
+
+    # band 0, step 5: s = -0.1491, target 0.15*2.194 = 0.3291, Ĥ = 1.860 - 12*0.1491 = 0.0705, so
+    # c = 0.5*(0.3291 - 0.0705)/0.3291 = 0.393
+    assert coefficients(noisy, band=0)[4] == pytest.approx(0.393, abs=1e-3)
+    assert coefficients(noisy, band=1) == coefficients(noisy, band=band) == [0.0] * 5
+    # by hand, step 5: the changes -0.230, 0.168, 0.079, -0.351 against the trend before each give v = 0.0955 and
+    # s = -0.1491, so sigma_s = sqrt(v/3) = 0.178 and s + sigma_s > 0: no look-ahead even within 1 standard error
+    pi = EntropyPI(None, 0.5, 0.02, (0.0, 1.0), ["all"], horizon=12, ratio=0.15, window=1, band=band)
+    for h in noisy:
+        pi.update({"all": h})
+    assert pi.trend["all"] == pytest.approx(-0.1491, abs=1e-4) and pi.noise["all"] == pytest.approx(0.0955, abs=1e-4)
+    # a steady fall of 0.3 nats a step from 2.0: each change closer to the trend than the one before, so the band
+    # shrinks (step 4: s = -0.2625, v = 0.0197, s + 2*sigma_s = -0.10) and the look-ahead acts before the crossing:
+    # Ĥ = 1.1 - 12*0.10 = -0.1, c = 0.5*(0.3 + 0.1)/0.3 = 0.68 with the entropy still 3.7x the 0.3-nat target
+    steady = coefficients([2.0 - 0.3 * k for k in range(5)], band=band)
+    assert steady[:3] == [0.0, 0.0, 0.0] and steady[3] == pytest.approx(0.676, abs=1e-3) and steady[4] == 1.0
+    # one standard error acts a step earlier; no band at all acts on the first change
+    assert coefficients([2.0 - 0.3 * k for k in range(5)], band=1)[2] == pytest.approx(0.545, abs=1e-3)
+    assert coefficients([2.0 - 0.3 * k for k in range(5)], band=0)[1] > 0
+    # the band's noise is in the checkpoint state, and a regroup carries it to the new keys
+    other = EntropyPI(None, 0.5, 0.02, (0.0, 1.0), ["all"], horizon=12, ratio=0.15, window=1, band=band)
+    other.load_state_dict(pi.state_dict())
+    assert other.noise == pi.noise
+    pi.regroup({"x": {"all": 1}})
+    assert pi.noise["x"] == pytest.approx(0.0955, abs=1e-4)
+
+
 def test_completion_entropy_bonus_and_advantage_shift():
     entropies = torch.tensor([[1.0, 3.0, 9.0], [2.0, 4.0, 6.0]])
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
@@ -291,7 +329,7 @@ def test_target_mode_at_its_floor_equals_trls_static_bonus(tmp_path, tiny_model_
 
 def test_target_mode_raises_the_coefficient_by_the_pi_law(tmp_path, tiny_model_dir):
     args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=2), entropy_reg="target", entropy_target=8.0,
-                      entropy_pi_kp=0.02, entropy_pi_ki=0.005)  # fmt: skip
+                      entropy_pi_kp=0.02, entropy_pi_ki=0.005, entropy_pi_noise_band=0.5)  # fmt: skip
     trainer = GRPOTrainer(tiny_model_dir, length_reward, args, _dataset())
     trainer.train()
     rows = trainer.state.log_history[:-1]
@@ -299,8 +337,10 @@ def test_target_mode_raises_the_coefficient_by_the_pi_law(tmp_path, tiny_model_d
     e1, e2 = 8.0 - rows[0]["entropy"], 8.0 - rows[1]["entropy"]
     assert e1 > 1  # the random model's entropy (~6.2 nats) is below the 8-nat target
     assert rows[0]["entropy_reg/coef"] == pytest.approx(0.02 * e1 + 0.005 * e1)
-    # step 2 also looks 12 steps (the default horizon) along the entropy's trend s = 0.5*(H2 - H1), if it falls
-    trend = min(0.5 * (rows[1]["entropy"] - rows[0]["entropy"]), 0.0)
+    # step 2 also looks 12 steps (the default horizon) along the entropy's trend s = 0.5*d, d = H2 - H1, if it falls
+    # by more than half a standard error (the band set above): v = 0.5*d**2, sigma_s = sqrt(v/3)
+    change = rows[1]["entropy"] - rows[0]["entropy"]
+    trend = min(0.5 * change + 0.5 * math.sqrt(0.5 * change**2 / 3), 0.0)
     assert rows[1]["entropy_reg/coef"] == pytest.approx(0.02 * (e2 - 12 * trend) + 0.005 * (e1 + e2))
     assert trainer.entropy_reg_state.controller.integral["all"] == pytest.approx(e1 + e2)
 

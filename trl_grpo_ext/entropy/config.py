@@ -47,6 +47,10 @@ class EntropyRegFields:
         Optimizer steps τ the `target` controller looks ahead while the entropy falls: its proportional term acts
         on H + τ·s, s the filtered per-step change of the entropy when negative (`entropy.EntropyPI`). 0 is the
         plain PI controller.
+    entropy_pi_noise_band (`float`, *optional*, defaults to `2.0`):
+        How many standard errors of the trend s the look-ahead discounts: it acts on min(s + z·σ_s, 0), σ_s
+        estimated from the step-to-step changes (`entropy.EntropyPI`), so a fall no larger than the entropy's own
+        noise does not set it off. 0: the look-ahead takes every filtered fall at face value.
     clip_cov_ratio (`float`, *optional*, defaults to `0.0002`):
         Clip-Cov: fraction of completion tokens whose gradient is detached (reference implementation's value).
     clip_cov_lb (`float`, *optional*, defaults to `1.0`):
@@ -95,6 +99,11 @@ class EntropyRegFields:
         default=12.0,
         metadata={"help": "Steps ahead the target controller looks when the entropy falls (0: plain PI control)."},
     )
+    entropy_pi_noise_band: float = field(
+        default=2.0,
+        metadata={"help": "Standard errors of the entropy's trend the target controller's look-ahead discounts "
+                  "(0: every filtered fall at face value)."},
+    )  # fmt: skip
     clip_cov_ratio: float = field(
         default=0.0002, metadata={"help": "Clip-Cov: fraction of completion tokens whose gradient is detached."}
     )
@@ -126,6 +135,7 @@ ENTROPY_REG_CONFIG = ConfigPart(
         "entropy_pi_kp": Range(0, 1000),
         "entropy_pi_ki": Range(0, 1000),
         "entropy_pi_horizon": Range(0, 10000),
+        "entropy_pi_noise_band": Range(0, 100),
         "clip_cov_ratio": Range(0, 1, low_open=True),
         "clip_cov_lb": Range(-1e9, 1e9),
         "clip_cov_ub": Range(-1e9, 1e9),

@@ -131,7 +131,7 @@ class TargetEntropy(EntropyMode):
         relative = args.entropy_target_ratio is not None
         self.controller = EntropyPI(
             None if relative else args.entropy_target, args.entropy_pi_kp, args.entropy_pi_ki, bounds, keys,
-            args.entropy_pi_horizon, args.entropy_target_ratio, args.entropy_target_window,
+            args.entropy_pi_horizon, args.entropy_target_ratio, args.entropy_target_window, args.entropy_pi_noise_band,
         )  # fmt: skip
         self._window = None  # (keys, (K, 2) [entropy sum, token count] per key) over the accumulation window
 
