@@ -2,7 +2,7 @@
 
     python ../shared/tools/get_smollm2.py /work/smollm2        # builds the model folder once, no Hub needed
     python benchmarks/entropy_target_smollm2.py --model /work/smollm2 \
-        --json benchmarks/results/entropy_target_smollm2_30.json          # seeds 0 and 1, every variant
+        --json benchmarks/results/entropy_target_smollm2_30.json          # seeds 0-2, every variant
     python benchmarks/entropy_target_smollm2.py --model /work/smollm2 --variants --ours '{"entropy_pi_noise_band": 0}'
 
 Prompts: every single-digit sum and product ("What is 7 times 8? Answer with the number."), 162 of them; reward 1.0
@@ -124,7 +124,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="SmolLM2-135M-Instruct folder (python ../shared/tools/get_smollm2.py DIR)")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--ours", nargs="*", default=[], help="JSON overrides of `relative`, one variant each")
     parser.add_argument("--max_steps", type=int, default=MAX_STEPS)
     add_output_arguments(parser)
