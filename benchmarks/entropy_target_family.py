@@ -38,6 +38,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from family_common import with_ours  # noqa: E402
 
 
 def _share(text: str, test) -> float:
@@ -228,8 +230,7 @@ def main() -> None:
         return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    variants = {v: VARIANTS[v] for v in args.variants}
-    variants |= {f"relative{text}": {**VARIANTS["relative"], **json.loads(text)} for text in args.ours}
+    variants = with_ours(VARIANTS, args.variants, args.ours)
     results = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).is_file() else []
     done = {(r["task"], r["seed"], r["variant"]) for r in results}
     from trl_grpo_ext.cli.tiny_model import save_tiny_model

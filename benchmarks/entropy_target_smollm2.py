@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from entropy_target_family import RATIO  # noqa: E402
-from family_common import add_output_arguments, load_results  # noqa: E402
+from family_common import add_output_arguments, load_results, with_ours  # noqa: E402
 
 MAX_STEPS = 30  # a step takes about 26 s on 2 idle cores here (100-300 s on busy ones)
 VARIANTS = {"relative": {"entropy_reg": "target", "entropy_target_ratio": RATIO},  # the README's setting
@@ -141,8 +141,7 @@ def main() -> None:
     results = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).is_file() else []
     done = {(r["variant"], r["seed"]) for r in results}
     threads = max(1, (os.cpu_count() or 2) // args.workers)
-    variants = {v: VARIANTS[v] for v in args.variants}
-    variants |= {f"relative{text}": {**VARIANTS["relative"], **json.loads(text)} for text in args.ours}
+    variants = with_ours(VARIANTS, args.variants, args.ours)
     jobs = [{"variant": v, "seed": s, "overrides": overrides, "model": args.model, "max_steps": args.max_steps,
              "threads": threads}
             for s in args.seeds for v, overrides in variants.items() if (v, s) not in done]  # fmt: skip

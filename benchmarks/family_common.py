@@ -1,5 +1,5 @@
-"""What `policy_groups_learning.py` and `entropy_target_family.py` share: variants from `--ours`, stock TRL's runs
-reused from `--trl-json`, and `--report` over earlier `--json` files."""
+"""What the family benchmarks share: variants from `--ours` (`with_ours` for the entropy benchmarks), stock TRL's
+runs reused from `--trl-json`, and `--report` over earlier `--json` files."""
 
 import json
 import os
@@ -22,6 +22,13 @@ def variants_and_reused(ours: list[str], trl_json: str | None) -> tuple[dict, li
         reused = [r for r in json.loads(Path(trl_json).read_text()) if r["variant"] == "trl"]
         variants.pop("trl")
     return variants, reused
+
+
+def with_ours(variants: dict, names: list[str], ours: list[str]) -> dict:
+    """The `variants` named in `names`, plus one per `--ours` JSON text: `relative` with those overrides on top,
+    named "relative" followed by the text (the entropy benchmarks' tuning variants)."""
+    chosen = {name: variants[name] for name in names}
+    return chosen | {f"relative{text}": {**variants["relative"], **json.loads(text)} for text in ours}
 
 
 def add_output_arguments(parser, workers: int = 2) -> None:

@@ -109,7 +109,7 @@ class EntropyPI:
             self.coefficient(key)
             if self.last[key] is not None:
                 change, beta = entropy - self.last[key], self.SMOOTHING
-                self.noise[key] = beta * self.noise.get(key, 0.0) + (1 - beta) * (change - self.trend[key]) ** 2
+                self.noise[key] = beta * self.noise[key] + (1 - beta) * (change - self.trend[key]) ** 2
                 self.trend[key] = beta * self.trend[key] + (1 - beta) * change
             self.last[key] = entropy
             if measuring:
@@ -122,7 +122,7 @@ class EntropyPI:
             # relative target: the error in units of the target, so the gains act alike at every model's entropy
             unit = target if self.ratio is not None else 1.0
             error = (target - entropy) / unit
-            spread = self.band * math.sqrt((1 - self.SMOOTHING) / (1 + self.SMOOTHING) * self.noise.get(key, 0.0))
+            spread = self.band * math.sqrt((1 - self.SMOOTHING) / (1 + self.SMOOTHING) * self.noise[key])
             anticipated = (target - (entropy + self.horizon * min(self.trend[key] + spread, 0.0))) / unit
             integral = self.integral[key] + error
             if self.ki > 0:  # the integral term stays within the coefficient's range: k_i·I in [c_min, c_max]
@@ -158,7 +158,7 @@ class EntropyPI:
             state["coef"][key] = sum(self.coef[o] * w for o, w in known.items()) / total if total else self.bounds[0]
             for name in ("integral", "trend", "noise"):
                 values = getattr(self, name)
-                state[name][key] = sum(values.get(o, 0.0) * w for o, w in known.items()) / total if total else 0.0
+                state[name][key] = sum(values[o] * w for o, w in known.items()) / total if total else 0.0
             lasts = {o: w for o, w in known.items() if self.last[o] is not None}
             weight = sum(lasts.values())
             state["last"][key] = sum(self.last[o] * w for o, w in lasts.items()) / weight if weight else None
@@ -180,7 +180,8 @@ class EntropyPI:
     def load_state_dict(self, state: dict) -> None:
         self.coef, self.integral = dict(state["coef"]), dict(state["integral"])
         self.trend, self.last = dict(state["trend"]), dict(state["last"])
-        self.noise = dict(state.get("noise", {}))  # absent before the noise band: no noise measured yet
+        noise = state.get("noise", {})  # absent before the noise band: no noise measured yet
+        self.noise = {key: noise.get(key, 0.0) for key in self.coef}
         # absent from checkpoints written before the relative target: an absolute one, nothing to restore
         self.steps = state.get("steps", 0)
         self.reference = {k: list(v) for k, v in state.get("reference", {}).items()}
