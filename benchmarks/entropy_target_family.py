@@ -18,7 +18,10 @@ Variants:
 - `relative` (the README's): `entropy_reg="target"`, `entropy_target_ratio=RATIO` of the model's own entropy over
   the first `entropy_target_window` steps, the same on every task, its other settings at their defaults (the
   look-ahead's `entropy_pi_noise_band` among them); `--ours` JSON overrides on top of it make more variants
-  (tuning, e.g. `'{"entropy_pi_noise_band": 0}'`, the controller before the band).
+  (tuning, e.g. `'{"entropy_pi_noise_band": 0}'`, the controller before the band);
+- `fixed<c>` (`--fixed c ...`): stock TRL's static entropy bonus `entropy_coef=c`, judged against the relative
+  target the README's setting measures (RATIO × the step-1 entropy): the bound, per seed the best static bonus in
+  hindsight, which no feedback rule can be expected to beat by much on a model that collapses within a step or two.
 
 Reported per task and seed: the lowest entropy after it first crossed the run's target (the task's for `absolute`,
 the one the run measured for `relative`), as a share of that target (pass: >= 0.85; an entropy that never falls below
@@ -155,12 +158,15 @@ def run(job: dict) -> dict:
     rows = [row for row in trainer.state.log_history if "entropy" in row]
     entropy, rewards = [row["entropy"] for row in rows], [row["reward"] for row in rows]
     measured = [row["entropy_reg/target"] for row in rows if "entropy_reg/target" in row]
+    fixed = job["variant"].startswith("fixed")
     if measured:  # a relative target: the one the run measured
         target = measured[-1]
+    elif fixed:  # TRL's static bonus, judged against the relative target the README's setting would measure
+        target = RATIO * entropy[0]
     elif not ours:  # TRL's adaptive entropy holds its own target; stock TRL none
         target = settings.get("entropy_target", 0.2) if overrides else None
     # a relative target exists from the step after its window: the entropy is judged from there
-    begin = settings.get("entropy_target_window", GRPOConfig.entropy_target_window) if measured else 0
+    begin = settings.get("entropy_target_window", GRPOConfig.entropy_target_window) if measured or fixed else 0
     crossed = None if target is None else next((i for i, h in enumerate(entropy) if i >= begin and h <= target), None)
     lowest = min(entropy[crossed:]) if crossed is not None else None
     return {"task": job["task"], "seed": job["seed"], "variant": job["variant"], "entropy": entropy, "reward": rewards,
@@ -170,10 +176,19 @@ def run(job: dict) -> dict:
             "final_entropy": statistics.mean(entropy[-10:])}  # fmt: skip
 
 
+def _passes(row: dict, trl_row: dict, task: str) -> bool:
+    """One run holds its entropy (>= 0.85 of its target after the first crossing, where the reward allows) and
+    ends within 0.02 of stock TRL's final reward on its seed."""
+    share = row["lowest_share"]
+    held = task in NEEDS_CERTAINTY or share is None or share >= 0.85
+    return held and row["final_reward"] - trl_row["final_reward"] >= -0.02
+
+
 def report(results: list[dict], variants: list[str]) -> str:
     """Per task and variant the figures of the module docstring; last, per variant, whether every task outside
     `STRESS` and every seed passes (and whether the stress tasks do too)."""
-    lines, passed = [], {v: True for v in variants if v not in ("trl", "trl_adaptive")}
+    ran = {r["variant"] for r in results}  # a variant without runs gets no verdict
+    lines, passed = [], {v: True for v in variants if v not in ("trl", "trl_adaptive") and v in ran}
     stress = dict.fromkeys(passed, True)
     unjudged = {v: [] for v in passed}  # tasks a variant ran without stock TRL's runs to compare with
     for task in TASKS:
@@ -206,6 +221,14 @@ def report(results: list[dict], variants: list[str]) -> str:
                          f"{[round(r['final_entropy'], 2) for r in rows]}, final reward "
                          f"{[round(r['final_reward'], 3) for r in rows]}, minus trl's {[round(g, 3) for g in gaps]} "
                          f"(>= -0.02){'' if ok or v not in passed else '  FAIL'}")  # fmt: skip
+        static = {
+            (r["seed"], r["variant"]): r for r in results if r["task"] == task and r["variant"].startswith("fixed")
+        }
+        if static:  # the bound: per seed, does any static bonus (known in hindsight) hold the entropy and the reward?
+            seeds = sorted({s for s, _ in static} & set(trl_rows))
+            best = [s for s in seeds if any(_passes(r, trl_rows[s], task) for (t, _), r in static.items() if t == s)]
+            lines.append(f"  bound, the best static bonus of {sorted({v for _, v in static})} per seed in hindsight: "
+                         f"passes seeds {best} of {seeds}")  # fmt: skip
     ran = {r["variant"] for r in results if r["task"] in STRESS}
     lines += [f"{v}: every task and seed passes: {ok} (the stress tasks: {stress[v] if v in ran else 'not run'})"
               + (f"; not judged, no stock TRL runs: {unjudged[v]}" if unjudged[v] else "")
@@ -220,6 +243,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--max_steps", type=int, default=STEPS)
     parser.add_argument("--ours", nargs="*", default=[], help="JSON overrides of `relative`, one variant each")
+    parser.add_argument("--fixed", type=float, nargs="*", default=[],
+                        help="TRL's static entropy_coef values, one variant each (`fixed<c>`): the bound")  # fmt: skip
     parser.add_argument("--workers", type=int, default=2, help="runs in parallel, one CPU thread each (default 2)")
     parser.add_argument("--json", help="write every figure to this JSON file (results already there are kept)")
     parser.add_argument("--report", nargs="+", help="only print the report of these --json files")
@@ -230,7 +255,7 @@ def main() -> None:
         return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    variants = with_ours(VARIANTS, args.variants, args.ours)
+    variants = with_ours(VARIANTS, args.variants, args.ours) | {f"fixed{c}": {"entropy_coef": c} for c in args.fixed}
     results = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).is_file() else []
     done = {(r["task"], r["seed"], r["variant"]) for r in results}
     from trl_grpo_ext.cli.tiny_model import save_tiny_model

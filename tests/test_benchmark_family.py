@@ -55,8 +55,9 @@ def test_entropy_family_verdict_leaves_the_stress_tasks_out():
 
     held = [run("digits8", "trl", None, 0.90), run("digits8", "relative", 0.90, 0.89),
             run("digits8_t013", "trl", None, 0.90), run("digits8_t013", "relative", 0.10, 0.90)]  # fmt: skip
-    lines = module.report(held, ["trl", "relative"]).splitlines()
+    lines = module.report(held, ["trl", "relative", "absolute"]).splitlines()
     assert lines[-1] == "relative: every task and seed passes: True (the stress tasks: False)"
+    assert not any(line.startswith("absolute") for line in lines)  # named, never run: no verdict, not "True"
     assert "digits8_t013 (stress task, outside the target)" in lines[2]
     # 0.84 of the target after the crossing, and a final reward 0.03 below stock TRL's: each fails the task alone
     for lowest, final in ((0.84, 0.90), (0.90, 0.87)):
@@ -72,4 +73,32 @@ def test_entropy_family_verdict_leaves_the_stress_tasks_out():
     assert module.report(alone, ["trl", "relative"]).splitlines()[-1] == (
         "relative: every task and seed passes: True (the stress tasks: not run); not judged, no stock TRL runs: "
         "['letters16']"
+    )
+
+
+def test_entropy_family_bound_takes_the_best_static_bonus_per_seed():
+    """The bound: a seed passes if any static bonus (`fixed<c>`) both held its entropy (>= 0.85 of the target) and
+    ended within 0.02 of stock TRL's reward on it; one that held only by losing reward does not count."""
+    module = harness("entropy_target_family")
+
+    def run(seed, variant, lowest_share, final_reward):
+        return {
+            "task": "digits8_pretrained",
+            "seed": seed,
+            "variant": variant,
+            "entropy": [0.9, 0.1],
+            "lowest_share": lowest_share,
+            "final_reward": final_reward,
+            "final_entropy": 0.1,
+            "target": 0.135,
+        }
+
+    results = [run(0, "trl", None, 1.0), run(1, "trl", None, 1.0), run(2, "trl", None, 1.0),
+               run(0, "fixed0.03", 0.40, 0.99), run(0, "fixed0.1", None, 0.985),  # seed 0: 0.1 does both
+               run(1, "fixed0.03", 0.84, 0.99), run(1, "fixed0.1", None, 0.97),  # seed 1: neither does both
+               run(2, "fixed0.03", None, 0.995)]  # fmt: skip
+    lines = module.report(results, ["trl", "fixed0.03", "fixed0.1"]).splitlines()
+    assert lines[3] == (
+        "  bound, the best static bonus of ['fixed0.03', 'fixed0.1'] per seed in hindsight: passes seeds [0, 2] of "
+        "[0, 1, 2]"
     )

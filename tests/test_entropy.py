@@ -341,8 +341,29 @@ def test_target_mode_raises_the_coefficient_by_the_pi_law(tmp_path, tiny_model_d
     # by more than half a standard error (the band set above): v = 0.5*d**2, sigma_s = sqrt(v/3)
     change = rows[1]["entropy"] - rows[0]["entropy"]
     trend = min(0.5 * change + 0.5 * math.sqrt(0.5 * change**2 / 3), 0.0)
-    assert rows[1]["entropy_reg/coef"] == pytest.approx(0.02 * (e2 - 12 * trend) + 0.005 * (e1 + e2))
+    # (TRL logs the entropy in float32: 1e-6 absolute)
+    assert rows[1]["entropy_reg/coef"] == pytest.approx(0.02 * (e2 - 12 * trend) + 0.005 * (e1 + e2), abs=1e-6)
     assert trainer.entropy_reg_state.controller.integral["all"] == pytest.approx(e1 + e2)
+
+
+def test_a_steps_coefficient_is_set_from_its_own_entropy_before_its_loss(tmp_path, tiny_model_dir):
+    """The controller measures an optimizer step's entropy before the step's bonus enters the loss (here in the
+    loss's own forward pass: one micro-batch a step), so step 1 already carries the coefficient its entropy sets: the
+    run is TRL's with that coefficient as a static `entropy_coef`. Set from the step before, step 1's bonus would be
+    0. With accumulation the step is measured in a pass without gradient over its window, before its first
+    micro-batch: `test_split_invariance` holds those runs to this one's."""
+    common = small_grpo_kwargs(tmp_path / "a", max_steps=1)
+    ours_args = GRPOConfig(**{**common, "output_dir": str(tmp_path / "b")}, entropy_reg="target",
+                           entropy_target=8.0, entropy_pi_kp=0.02, entropy_pi_ki=0.005)  # fmt: skip
+    ours = GRPOTrainer(tiny_model_dir, length_reward, ours_args, _dataset())
+    ours.train()
+    row = ours.state.log_history[0]
+    coef = row["entropy_reg/coef"]
+    assert coef == pytest.approx(0.025 * (8.0 - row["entropy"]), abs=1e-6) and coef > 0.04  # ~6.2 nats: e ~1.8
+    stock = TRLGRPOTrainer(tiny_model_dir, length_reward, TRLGRPOConfig(**common, entropy_coef=coef), _dataset())
+    stock.train()
+    for (name, p), q in zip(stock.model.named_parameters(), ours.model.parameters(), strict=True):
+        assert_close(p, q, atol=1e-6, rtol=0, msg=name)
 
 
 def test_per_group_controllers_see_only_their_groups_entropy(tmp_path, tiny_model_dir):
@@ -351,16 +372,16 @@ def test_per_group_controllers_see_only_their_groups_entropy(tmp_path, tiny_mode
                       remove_unused_columns=False)  # fmt: skip
     trainer = GRPOTrainer(tiny_model_dir, length_reward, args, _dataset())
     low, high = trainer.policy_groups.names[:2]
-    # one completion of each group: the low one's mean entropy is 0.5 nats (below target), the high one's 3.0
+    # one completion of each group: the low one's mean entropy is 0.75 nats (below target), the high one's 3.0
     names = trainer.policy_groups.names
     ids = torch.tensor([names.index(low), names.index(high)])
     target = trainer.features["entropy_reg"].modes[0]  # the one mode, `target`
-    target.observe(names, ids, torch.tensor([[0.4, 0.6], [3.0, 3.0]]), torch.ones(2, 2))
+    target.observe(names, ids, torch.tensor([[0.7, 0.8], [3.0, 3.0]]), torch.ones(2, 2))
     controller = trainer.entropy_reg_state.controller
-    assert controller.coef[low] == pytest.approx(0.5 * 0.5 + 0.02 * 0.5)  # default gains, e = 0.5
+    assert controller.coef[low] == pytest.approx(2.0 * 0.25 + 0.02 * 0.25)  # default gains, e = 0.25
     assert controller.coef[high] == 0.0  # entropy above target: it is not pushed
     metrics = trainer._metrics["train"]
-    assert metrics[f"entropy_reg/{low}/entropy"] == [pytest.approx(0.5)]
+    assert metrics[f"entropy_reg/{low}/entropy"] == [pytest.approx(0.75)]
     assert metrics[f"entropy_reg/{high}/entropy"] == [pytest.approx(3.0)]
 
 

@@ -37,7 +37,7 @@ class EntropyRegFields:
     entropy_target_per_group (`bool`, *optional*, defaults to `False`):
         With `target` and policy groups: one controller and coefficient per policy group, each holding its own
         group's entropy at `entropy_target` (or its own reference times `entropy_target_ratio`).
-    entropy_pi_kp (`float`, *optional*, defaults to `0.5`):
+    entropy_pi_kp (`float`, *optional*, defaults to `2.0`):
         Proportional gain of the `target` controller, in coefficient per nat of entropy error (with
         `entropy_target_ratio`: per unit of error relative to the target, (target − H) / target).
     entropy_pi_ki (`float`, *optional*, defaults to `0.02`):
@@ -86,7 +86,7 @@ class EntropyRegFields:
         default=False, metadata={"help": "With target and policy groups: one controller per policy group."}
     )
     entropy_pi_kp: float = field(
-        default=0.5,
+        default=2.0,
         metadata={"help": "Proportional gain of the target controller (coefficient per nat; with "
                   "entropy_target_ratio, per unit of error relative to the target)."},
     )  # fmt: skip

@@ -93,6 +93,7 @@ class EntropyReg(Feature):
         self.picker = next((mode for mode in self.modes if mode.picks_tokens), None)  # at most one (config check)
         self.shifters = [mode for mode in self.modes if mode.shifts_advantages]
         target = next((mode for mode in self.modes if mode.name == "target"), None)
+        self.measurer = target  # measures each optimizer step's entropy before its loss (`_plan_window`)
         self._state = EntropyRegState(None if target is None else target.controller)
         self.plan = None  # what the micro-batches of the window's part in TRL's buffer share (`_plan_window`)
         self._window_start = None  # (optimizer step, micro-step) where the current accumulation window began
@@ -185,8 +186,11 @@ class EntropyReg(Feature):
     def _plan_window(self, model, inputs: dict) -> None:
         """At the first micro-step of each accumulation window, plan what its micro-batches share, so that none of it
         depends on how the optimizer step is split into micro-batches: the window's tokens over all processes (the
-        normalizer of the loss terms, `_window_share`), and Clip-Cov's or KL-Cov's tokens, chosen over the whole
-        window at once (`_choose_tokens`: covariance centred by the window's means, `window_token_count` tokens).
+        normalizer of the loss terms, `_window_share`), Clip-Cov's or KL-Cov's tokens, chosen over the whole
+        window at once (`_choose_tokens`: covariance centred by the window's means, `window_token_count` tokens), and
+        when the `target` mode measures the step's entropy (`plan["measure"]`: "loss", in the loss's own forward pass
+        of the window's one micro-batch; "window", here, before any of its loss; None, in the loss as the window goes,
+        for a window planned in parts, whose coefficient then acts from the next step).
 
         The window is the `current_gradient_accumulation_steps` micro-steps from the first one after the last
         optimizer step. TRL generates a whole generation batch before its micro-steps and keeps one slice per
@@ -194,8 +198,9 @@ class EntropyReg(Feature):
         window that runs into the next generation batch (`steps_per_generation * num_iterations` not a multiple of
         the accumulation steps) is planned in parts, each when it starts: its token counts still add up over the
         window, its means and normalizer come from the known part (the normalizer scaled to the window's micro-steps,
-        as TRL's `dapo` normalizer is). With more than one micro-batch in the part, Clip-Cov and KL-Cov cost one
-        forward pass over it without gradient (`_window_logps`); with one (no accumulation) nothing is added.
+        as TRL's `dapo` normalizer is). With more than one micro-batch in the part, Clip-Cov, KL-Cov and the
+        `target` mode's measurement cost one forward pass over it without gradient (`_window_logps`, shared); with
+        one (no accumulation) nothing is added.
         """
         trainer = self.trainer
         step, optimizer_step = micro_step(trainer), trainer.state.global_step
@@ -228,13 +233,26 @@ class EntropyReg(Feature):
             device = inputs["completion_mask"].device
             total = trainer.accelerator.reduce(torch.tensor(float(tokens), device=device), reduction="sum").item()
             normalizer = total * size / len(batches) / trainer.accelerator.num_processes
-            plan = {"key": key, "before": before, "picked_from": picked_from, "normalizer": max(normalizer, 1.0),
-                    "chosen": None}  # fmt: skip
+            # the `target` mode measures the step's entropy before its loss when all of its batches are known now:
+            # in the loss's own forward pass if the window is this one batch, else in the pass without gradient
+            whole = start == first and start + len(batches) == first + size
+            measure = self.measurer is not None and whole
+            plan = {
+                "key": key,
+                "before": before,
+                "picked_from": picked_from,
+                "normalizer": max(normalizer, 1.0),
+                "chosen": None,
+                "measure": ("loss" if len(batches) == 1 else "window") if measure else None,
+            }
             self.plan = plan
-            if len(batches) > 1 and self.picker is not None:
-                logps, seen, masks = self._window_logps(model, batches)
-                plan["chosen"] = self._choose_tokens(logps, seen, before, masks)
-                plan["picked_from"] = sum(int(mask.sum()) for mask in masks)
+            if len(batches) > 1 and (self.picker is not None or measure):
+                logps, seen, masks, entropies = self._window_logps(model, batches, entropy=measure)
+                if self.picker is not None:
+                    plan["chosen"] = self._choose_tokens(logps, seen, before, masks)
+                    plan["picked_from"] = sum(int(mask.sum()) for mask in masks)
+                if measure:
+                    self.measurer.measure(batches, entropies)
         plan["index"] = step - start
 
     def _pickable(self, batch: dict, entropies: torch.Tensor | None) -> torch.Tensor:
@@ -247,16 +265,17 @@ class EntropyReg(Feature):
         return mask if kept is None else mask * kept.to(mask.dtype)
 
     @torch.no_grad()
-    def _window_logps(self, model, batches: list[dict]) -> tuple[list[torch.Tensor], list[dict], list[torch.Tensor]]:
+    def _window_logps(self, model, batches: list[dict], entropy: bool = False) -> tuple[list, list, list, list]:
         """The policy's log-probabilities (B_j, T) of the completions of each of `batches`, without gradient (the
         policy does not change within an accumulation window), the batches with the advantages TRL's loss will see
-        (shifted by the modes that shift them), and the tokens each lets Clip-Cov and KL-Cov pick (`_pickable`).
-        Runs before TRL's loss, so no feature sees these log-probabilities as the policy's in the loss
+        (shifted by the modes that shift them), the tokens each lets Clip-Cov and KL-Cov pick (`_pickable`), and the
+        token entropies (B_j, T) (None unless `entropy`, a shift or `top_entropy_quantile` needs them). Runs before
+        TRL's loss, so no feature sees these log-probabilities as the policy's in the loss
         (`trainer.hook_get_per_token_logps_and_entropies`)."""
         trainer = self.trainer
         shift = bool(self.shifters)
-        entropy = shift or trainer.top_entropy_quantile < 1.0
-        logps, seen, masks = [], [], []
+        entropy = entropy or shift or trainer.top_entropy_quantile < 1.0
+        logps, seen, masks, entropies = [], [], [], []
         device = batches[0]["completion_ids"].device
         # Dropout in this pass must not move the random stream that the gradient pass (and a 16x1 run) draws from.
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type):
@@ -267,7 +286,8 @@ class EntropyReg(Feature):
                 logps.append(result[0])
                 seen.append(batch)
                 masks.append(self._pickable(batch, result[1]))
-        return logps, seen, masks
+                entropies.append(result[1])
+        return logps, seen, masks, entropies
 
     def _choose_tokens(self, logps: list[torch.Tensor], batches: list[dict], before: int,
                        masks: list[torch.Tensor]) -> list[torch.Tensor]:  # fmt: skip

@@ -23,6 +23,7 @@ import torch
 from trl import GRPOConfig as TRLGRPOConfig
 
 from ..registry import Registry
+from ..trl_contact import loss_mask
 from . import bonus, covariance
 from .controller import EntropyPI
 
@@ -173,14 +174,30 @@ class TargetEntropy(EntropyMode):
             )
 
     def loss_term(self, terms: LossTerms) -> torch.Tensor:
+        """The bonus −c·H of this micro-batch, with the coefficient set from this optimizer step's own entropy
+        where the step's batches were all known before its loss (TRL's default layout): measured here when the
+        step is this one micro-batch, else at the window's start (`measure`). A step planned in parts (a window
+        that runs into the next generation batch) is measured here too, and its coefficient acts from the next
+        step."""
         keys, ids = self._keys(terms.batch, len(terms.entropies))
         controller = self.controller
+        plan = self.feature.plan
+        measure = plan["measure"] if terms.training and plan is not None else None
+        if terms.training and measure == "loss":
+            self.observe(keys, ids, terms.entropies.detach(), terms.mask)
         coefs = [controller.mean_coefficient() if key == "mean" else controller.coefficient(key) for key in keys]
         coef = torch.tensor(coefs, dtype=terms.entropies.dtype, device=terms.entropies.device)[ids]  # (B,)
         term = -bonus.entropy_bonus(terms.entropies, terms.mask, coef)
-        if terms.training:
+        if terms.training and measure is None:
             self.observe(keys, ids, terms.entropies.detach(), terms.mask)
         return term
+
+    def measure(self, batches: list[dict], entropies: list[torch.Tensor]) -> None:
+        """Update the controllers from a whole optimizer step's token `entropies` (B_j, T) of its `batches`,
+        computed without gradient at the step's start, before its loss."""
+        for i, (batch, entropy) in enumerate(zip(batches, entropies, strict=True)):
+            keys, ids = self._keys(batch, len(entropy))
+            self.observe(keys, ids, entropy, loss_mask(batch), last=i == len(batches) - 1)
 
     def _keys(self, batch, size: int) -> tuple[list[str], torch.Tensor]:
         """The controller keys K and each of the `size` completions' index among them, (B,): the policy groups'
@@ -192,10 +209,11 @@ class TargetEntropy(EntropyMode):
         key = "mean" if self.args.entropy_target_per_group else "all"
         return [key], torch.zeros(size, dtype=torch.long, device=device)
 
-    def observe(self, keys: list[str], ids: torch.Tensor, entropies: torch.Tensor, mask) -> None:
-        """Add this micro-batch's entropy sums per key to the window; at its end, reduce over processes (every
-        process then holds the same measurement) and update the controllers. `keys` are the same on every process
-        (policy groups change on all at once); a window whose keys changed midway (a regroup) starts anew."""
+    def observe(self, keys: list[str], ids: torch.Tensor, entropies: torch.Tensor, mask, last: bool | None = None):
+        """Add this micro-batch's entropy sums per key to the window; at its end (`last`; default: TRL's
+        `sync_gradients`, the window's last micro-batch), reduce over processes (every process then holds the same
+        measurement) and update the controllers. `keys` are the same on every process (policy groups change on all
+        at once); a window whose keys changed midway (a regroup) starts anew."""
         trainer = self.feature.trainer
         tokens = mask.to(entropies.dtype)
         per_completion = torch.stack([(entropies * tokens).sum(1), tokens.sum(1)], dim=1).double()  # (B, 2)
@@ -204,7 +222,7 @@ class TargetEntropy(EntropyMode):
         )
         window = self._window
         self._window = (keys, sums if window is None or window[0] != keys else window[1] + sums)
-        if not trainer.accelerator.sync_gradients:
+        if not (trainer.accelerator.sync_gradients if last is None else last):
             return
         totals = trainer.accelerator.reduce(self._window[1], reduction="sum").tolist()  # (K, 2)
         self._window = None
