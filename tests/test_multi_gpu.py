@@ -95,11 +95,12 @@ def assert_same(a, b, where: str) -> None:
 @two_process("recipe", recipe=[
     "--config", "recipes/configs/demo_cpu.yaml", "--synthetic_problems", "64", "--max_steps", "4",
     "--save_strategy", "steps", "--save_steps", "2", "--policy_group_update_steps", "1", "--entropy_reg", "target",
-    "--entropy_target", "7.0", "--eval_limit", "0",
+    "--entropy_target", "7.0", "--entropy_pi_kp", "0.5", "--eval_limit", "0",
 ])  # fmt: skip
 def test_recipe_on_two_processes_holds_the_same_state_on_both(two_process_runs):
     """The GSM8K recipe with ddp.yaml on 2 CPU processes (gloo): policy groups by difficulty, weights updated every
-    step, and an entropy target of 7 nats (above the tiny model's ln 512 = 6.2, so the controller acts every step).
+    step, and an entropy target of 7 nats (above the tiny model's ln 512 = 6.2, so the controller acts every step;
+    its proportional gain 0.5 keeps the coefficient below its maximum 1, so the integral moves too).
     Checkpoints at steps 2 and 4 hold one state file per process; the policy groups and the entropy controller in
     them must be the same on both processes, bit for bit. The run is scenario "recipe" of the suite's shared
     two-process job (tests/two_process.py), launched with `--config_file recipes/accelerate/ddp.yaml`; each process
