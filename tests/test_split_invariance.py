@@ -39,6 +39,14 @@ GROUPED = dict(policy_group_column="difficulty", remove_unused_columns=False, en
                entropy_target_per_group=True, entropy_pi_kp=0.5, kl_target=1e-4, kl_horizon=64)  # fmt: skip
 
 
+# Slack for rounding, whose size jumps with the run rather than growing with a split dependence: stock TRL with a
+# static entropy bonus of 0.92 differs by 1.2e-6 between 16x1 and 8x2 (0.9: 1.7e-7; none: 2e-7), and ours with
+# Clip-Cov, its step-1 coefficient at 0.02 / 0.87 / 0.96 / 0.98, by 1.0e-6 / 6.1e-7 / 2.1e-6 / 7.7e-7. A split
+# dependence is 100x larger: 6e-4 when the `target` mode's measurement of an accumulated step was forced back after
+# its loss, 2e-3 for the per-micro-batch statistics this test was written against.
+ROUNDING = 5e-6
+
+
 def _train(trainer_cls, config_cls, model_dir, output_dir, split, **overrides):
     batch, accumulation = split
     kwargs = small_grpo_kwargs(output_dir, per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation,
@@ -114,7 +122,7 @@ def test_splits_give_the_same_run(mode, trl_runs, tiny_model_dir, tmp_path):
         trainer, params, chosen = runs[split]
         diff, trl_diff = _max_param_diff(reference_params, params), trl_runs[split]
         print(f"{mode} {SPLITS[0]} vs {split}: max abs param diff ours {diff:.3g}, stock TRL {trl_diff:.3g}")
-        assert diff <= 4 * trl_diff + 1e-6, f"{split}: ours {diff} vs stock TRL {trl_diff}"
+        assert diff <= 4 * trl_diff + ROUNDING, f"{split}: ours {diff} vs stock TRL {trl_diff}"
         assert chosen == reference_chosen, f"{split}: tokens picked per optimizer step"
         _assert_same_state(reference.policy_groups.state_dict(), trainer.policy_groups.state_dict(), "policy_groups")
         _assert_same_state(reference.entropy_reg_state.state_dict(), trainer.entropy_reg_state.state_dict(), "entropy")
