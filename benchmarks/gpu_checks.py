@@ -22,7 +22,9 @@ The most telling first:
 4. `gpu_tests`: `pytest -m gpu` on the test files that hold GPU-marked tests (fast generation as the presets run it:
    in-place and copy merges with compilation, LoRA and 4-bit, bf16 and the T4 preset's fp16, 50 generations each;
    resume; the fp16 paths of the T4 preset and the quickstart notebook, `tests/test_fp16_gpu.py`; the run doctor's
-   CUDA memory metrics, `tests/test_doctor.py`), in a subprocess, with what is left of `--time-budget` as its
+   CUDA memory metrics, `tests/test_doctor.py`; the probe generation on a real compile and the fall back with Triton
+   hidden, `tests/test_generation_fallback.py`; the in-place merge's exact page-locked bytes; the two static caches'
+   memory, `tests/test_memory.py`), in a subprocess, with what is left of `--time-budget` as its
    timeout. On CUDA a skipped test fails the check; with `--device cpu` they all skip and the check only shows that
    they collect.
 

@@ -16,9 +16,20 @@ Errors: everything that needs no model is checked before one is built or loaded 
 or on the command line, with "did you mean `policy_group_column`?", the values, the packages, the reward names, the
 model path, the data). A user error prints one line, `math_gsm8k.py: error: <what is wrong, the value, the fix>`, and
 exits with code 1 (2 for an unknown key or a missing config file); `--debug` (or `TRL_GRPO_EXT_DEBUG=1`) shows the
-full traceback instead, and the known harmless start-up warnings the recipe hides (`trl_grpo_ext.cli.errors`).
+full traceback instead, and the known harmless start-up warnings the recipe hides (`trl_grpo_ext.cli.errors`). An
+error raised once training has started (a reward function's, hours in) or in the evaluation after it also writes its
+full traceback and the versions to `<output_dir>/error.log`, which the line names (`... (full traceback:
+<output_dir>/error.log)`); a bug's traceback is printed too, ending with that path.
+
+Stock baseline: `--features off` runs the same preset as stock TRL GRPO: every setting trl_grpo_ext adds to TRL's
+`GRPOConfig` (policy groups, prompt skipping, entropy and gradient regularization, fast generation, the run doctor) is
+reset to its default before the trainer is built, and one line names those the config had set; the model, LoRA, batch
+sizes, learning rate, rewards, dtype and memory settings stay the preset's (docs/recipes/presets.md):
+
+    accelerate launch recipes/math_gsm8k.py --config recipes/configs/gsm8k-24gb.yaml --features off
 """
 
+import dataclasses
 import sys
 
 from trl_grpo_ext.cli import errors
@@ -37,6 +48,7 @@ from trl.rewards import get_soft_overlong_punishment
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.cli.optional_dependencies import check_optional_dependencies, deepspeed_requested
 from trl_grpo_ext.cli.tiny_model import save_tiny_model
+from trl_grpo_ext.config import own_fields
 from trl_grpo_ext.consumer_gpu import presets
 from trl_grpo_ext.generation.checks import model_setting_problem
 from trl_grpo_ext.gsm8k.data import load_gsm8k, synthetic_gsm8k, to_grpo_rows
@@ -80,8 +92,20 @@ class GSM8KScriptArguments:
             "a model named with model_name_or_path is trained instead."
         },
     )
+    features: str = field(
+        default="on",
+        metadata={
+            "help": "on: the config's trl_grpo_ext settings as given. off: a stock TRL GRPO baseline of the same "
+            "config: every trl_grpo_ext setting (policy groups, prompt skipping, entropy and gradient regularization, "
+            "fast generation, the run doctor) reset to its default; TRL's and the model's settings kept."
+        },
+    )
 
     def __post_init__(self):
+        if isinstance(self.features, bool):  # YAML reads a bare `on` / `off` as true / false
+            self.features = "on" if self.features else "off"
+        if self.features not in ("on", "off"):
+            raise ValueError(f"features must be on or off (off: a stock TRL GRPO baseline), got {self.features!r}")
         if self.train_limit is not None and self.train_limit < 1:
             raise ValueError(f"train_limit must be >= 1 (or unset), got {self.train_limit}")
         if self.eval_limit < 0:
@@ -111,7 +135,24 @@ def pretrained_learning_rate_warning(learning_rate: float, lora: bool) -> str | 
     )
 
 
+def features_off(training_args: GRPOConfig) -> dict:
+    """Stock TRL GRPO: every field trl_grpo_ext adds to TRL's `GRPOConfig` (`own_fields`) set back to its default,
+    in place; TRL's and transformers' fields keep their values. Returns the fields changed, with their former values.
+    """
+    changed = {}
+    for f in own_fields():
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if getattr(training_args, f.name) != default:
+            changed[f.name] = getattr(training_args, f.name)
+            setattr(training_args, f.name, default)
+    return changed
+
+
 def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_args: ModelConfig) -> dict:
+    if script_args.features == "off":  # before every check: what runs is stock TRL GRPO with this config
+        changed = features_off(training_args)
+        values = ", ".join(f"{name}={value!r}" for name, value in changed.items()) or "none was set"
+        print(f"features off: stock TRL GRPO; trl_grpo_ext settings reset to their defaults: {values}")
     # Everything that can be checked is checked before a model is built or loaded: packages, reward names, then data.
     check_optional_dependencies(use_vllm=training_args.use_vllm)
     reward_registry = {
@@ -188,39 +229,42 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
         clear_earlier_run(training_args.output_dir)
     if trainer.accelerator.is_main_process:  # for recipes/eval_gsm8k.py: prompts as training formats them
         save_chat_template_kwargs(training_args.chat_template_kwargs, training_args.output_dir)
-    try:
-        trainer.train(resume_from_checkpoint=True if str(resume).lower() == "true" else resume)
-    except KeyboardInterrupt:  # Ctrl-C: the entry point says which checkpoint is complete and how to resume
-        raise errors.Interrupted(training_args.output_dir, trainer.state.global_step, __file__) from None
+    # An error in the training loop (a reward function's, hours in) keeps its traceback in <output_dir>/error.log.
+    with errors.training_errors(training_args.output_dir):
+        try:
+            trainer.train(resume_from_checkpoint=True if str(resume).lower() == "true" else resume)
+        except KeyboardInterrupt:  # Ctrl-C: the entry point says which checkpoint is complete and how to resume
+            raise errors.Interrupted(training_args.output_dir, trainer.state.global_step, __file__) from None
     if trainer.run_already_complete:  # a finished job relaunched: its saved model and evaluation stay as they are
         print(f"Run already complete at step {trainer.state.global_step}: nothing saved or evaluated")
         trainer.end()
         return {}
-    trainer.save_model(training_args.output_dir)
+    with errors.training_errors(training_args.output_dir, started=True):  # saving and evaluating too
+        trainer.save_model(training_args.output_dir)
 
-    results = {}
-    if eval_dataset is not None and trainer.accelerator.is_main_process:
-        model = trainer.accelerator.unwrap_model(trainer.model).eval()
-        results = evaluate_gsm8k(
-            model,
-            trainer.processing_class,
-            eval_dataset,
-            max_new_tokens=training_args.max_completion_length,
-            batch_size=script_args.eval_batch_size,
-            chat_template_kwargs=training_args.chat_template_kwargs,  # prompts as training formatted them
-        )
-        path = write_results(results, training_args.output_dir)
-        print(format_table(results))
-        print(f"Saved {path}")
-        warning = collapse_warning(results, training_args.learning_rate)
-        if warning and script_args.tiny_model:  # what the CPU demo's model learns: not a wrecked pretrained model
-            warning = (
-                f"Note: {results['empty_completions']:.0%} of the evaluation's completions are empty: the tiny random "
-                "model learns to end its completions at once (the length penalty is the only reward it can earn); "
-                "with a pretrained model this would be a collapse"
+        results = {}
+        if eval_dataset is not None and trainer.accelerator.is_main_process:
+            model = trainer.accelerator.unwrap_model(trainer.model).eval()
+            results = evaluate_gsm8k(
+                model,
+                trainer.processing_class,
+                eval_dataset,
+                max_new_tokens=training_args.max_completion_length,
+                batch_size=script_args.eval_batch_size,
+                chat_template_kwargs=training_args.chat_template_kwargs,  # prompts as training formatted them
             )
-        if warning:
-            print(warning)
+            path = write_results(results, training_args.output_dir)
+            print(format_table(results))
+            print(f"Saved {path}")
+            warning = collapse_warning(results, training_args.learning_rate)
+            if warning and script_args.tiny_model:  # what the CPU demo's model learns: not a wrecked pretrained model
+                warning = (
+                    f"Note: {results['empty_completions']:.0%} of the evaluation's completions are empty: the tiny "
+                    "random model learns to end its completions at once (the length penalty is the only reward it can "
+                    "earn); with a pretrained model this would be a collapse"
+                )
+            if warning:
+                print(warning)
     trainer.accelerator.wait_for_everyone()
     trainer.end()  # finish the trackers and close the process group
     return results
@@ -228,7 +272,7 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
 
 # what a run of this recipe writes into output_dir besides the model and checkpoints (doctor.png: the doctor command)
 RUN_FILES = ("training_metrics.jsonl", "training_curves.png", "policy_groups.png", "doctor.png", "eval_results.json",
-             "chat_template_kwargs.json")  # fmt: skip
+             "chat_template_kwargs.json", "error.log")  # fmt: skip
 
 
 def clear_earlier_run(output_dir: str) -> list[str]:

@@ -102,6 +102,7 @@ FIELDS = {
     "generation_compile": ([], [True, False, "false", "1"], {}, "true or false"),
     "generation_max_prompt_length": ([], [None, 1], {}, INT_1 + ", or None"),
     "generation_lora_merge": ([], ["none", "inplace", "copy"], {}, "one of ['none', 'inplace', 'copy']"),
+    "generation_fallback": ([], [True, False, "false", "1"], {}, "true or false"),
     "run_doctor": ([], [True, False, "true", "0"], {}, "true or false"),
 }  # fmt: skip
 
@@ -143,6 +144,7 @@ def test_each_field_takes_its_edge_values(tmp_path, name):
         if isinstance(value, str) and name in (
             "policy_group_loss_weighting",
             "generation_compile",
+            "generation_fallback",
             "prompt_skip",
             "prompt_skip_first_visit",
             "prompt_skip_refill",

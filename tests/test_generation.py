@@ -168,6 +168,51 @@ def test_inplace_merge_restores_bf16_base_weights_bit_for_bit_after_100_cycles(t
     assert all(torch.equal(before[n], after[n]) for n in before)
 
 
+def test_inplace_merge_keeps_one_flat_host_buffer_of_exactly_the_adapted_base_weights(tiny_model_dir):
+    model = peft_model(tiny_model_dir, dtype=torch.bfloat16)
+    merge = InplaceMerge(model)
+    weights = [layer.get_base_layer().weight for layer in merge.layers.values()]
+    # the tiny model's 2 layers x 7 adapted projections in bf16: q, o 64x64; k, v 32x64 (2 heads of 16); gate, up
+    # 128x64; down 64x128: 2 * (2*4096 + 2*2048 + 3*8192) = 73728 elements, 147456 bytes, no block rounded up
+    exact = sum(w.numel() * w.element_size() for w in weights)
+    assert len(weights) == 14 and exact == 147456 and merge.backup_bytes() == exact
+    (buffer,) = merge.buffers  # one dtype: one buffer, (n,)
+    assert buffer.dtype == torch.bfloat16 and buffer.dim() == 1 and buffer.untyped_storage().nbytes() == exact
+    assert not buffer.is_pinned()  # the model is on the CPU
+    # each layer's copy is a view of its weight's shape into the buffer, back to back in layer order
+    offset = 0
+    for backup, weight in zip(merge.backup.values(), weights, strict=True):
+        assert backup.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+        assert backup.shape == weight.shape and backup.storage_offset() == offset
+        assert torch.equal(backup, weight)
+        offset += weight.numel()
+    assert offset == buffer.numel()
+
+
+def test_inplace_merge_keeps_one_host_buffer_per_weight_dtype_and_restores_each_exactly(tiny_model_dir):
+    model = peft_model(tiny_model_dir, dtype=torch.bfloat16)
+    down = [m.get_base_layer() for n, m in lora_linears(model).items() if n.endswith("down_proj")]
+    for linear in down:  # 2 of the 14 adapted layers in fp32, the others bf16
+        linear.weight.data = linear.weight.data.float()
+    before = base_weights(model)
+    merge = InplaceMerge(model)
+    assert sorted(str(b.dtype) for b in merge.buffers) == ["torch.bfloat16", "torch.float32"]
+    # 2 down_proj of 64x128 in fp32: 2 * 8192 * 4 = 65536 bytes; the other 12 weights in bf16 at 2 bytes each
+    fp32 = next(b for b in merge.buffers if b.dtype == torch.float32)
+    assert fp32.untyped_storage().nbytes() == 2 * 64 * 128 * 4
+    assert merge.backup_bytes() == 2 * 8192 * 4 + (73728 - 2 * 8192) * 2  # 65536 + 114688 = 180224
+    adapters = [p for n, p in model.named_parameters() if "lora_" in n]
+    down_name = next(n for n, p in model.named_parameters() if p is down[0].weight)
+    for _ in range(3):
+        with torch.no_grad():
+            for p in adapters:
+                p.add_(0.01 * torch.randn_like(p))
+        with merge.merged():  # W0 + dW in the fp32 weight too
+            assert down[0].weight.dtype == torch.float32 and not torch.equal(down[0].weight, before[down_name])
+    after = base_weights(model)
+    assert all(torch.equal(before[n], after[n]) and before[n].dtype == after[n].dtype for n in before)
+
+
 def test_peft_merge_and_unmerge_in_bf16_drift(tiny_model_dir):
     """What the test above guards against: PEFT's own merge_adapter/unmerge_adapter changes bf16 base weights."""
     model = peft_model(tiny_model_dir, dtype=torch.bfloat16)
@@ -391,9 +436,10 @@ def test_training_with_a_lever_matches_stock_generation(tiny_model_dir, tmp_path
         # 4 generations, prompts of several padded lengths: the decode step was compiled once and never again
         assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
         assert trainer.fast_generation.sizer.grown == 0
-        # 4 generations, one cache: built once, then reset in place with its tensors at the same addresses
+        # the probe and 4 generations, one cache: built once, then reset in place with its tensors at the same
+        # addresses
         assert len(built) == 1 and trainer.fast_generation.caches.built == 1
-        assert len(seen) == 4 and len({cache for cache, _ in seen}) == 1
+        assert len(seen) == 5 and len({cache for cache, _ in seen}) == 1
         assert seen[0][1] == [] and len(seen[1][1]) == 2 and all(keys == seen[1][1] for _, keys in seen[1:]), seen
     else:
         assert built == [] and seen == []  # TRL's dynamic cache, as in stock generation
@@ -489,7 +535,8 @@ def test_a_run_with_compiled_copy_generation_resumes_exactly(tiny_model_dir, tmp
 def test_a_generation_copy_that_does_not_fit_beside_training_is_refused_at_the_first_generation(
     tiny_model_dir, tmp_path, monkeypatch
 ):
-    trainer = _trainer(tiny_model_dir, tmp_path, generation_lora_merge="copy", generation_compile=True)
+    trainer = _trainer(tiny_model_dir, tmp_path, generation_lora_merge="copy", generation_compile=True,
+                       generation_fallback=False)  # fmt: skip
     policy = trainer.accelerator.unwrap_model(trainer.model)
     copy_bytes = generation_copy_bytes(policy)
     # gradients and AdamW's two moments of the fp32 adapters, and the static cache: 8 sequences of (64 + 16) tokens,

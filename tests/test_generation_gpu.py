@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
 from tests.conftest import length_reward, small_grpo_kwargs
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
-from trl_grpo_ext.generation.lora_merge import GenerationCopy, InplaceMerge
+from trl_grpo_ext.generation.lora_merge import GenerationCopy, InplaceMerge, lora_linears
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 GIB = 2**30
@@ -117,6 +117,30 @@ def test_inplace_merge_on_cuda_keeps_a_pinned_copy_and_restores_bf16_weights_exa
                 p.add_(0.01 * torch.randn_like(p))
         with merge.merged():
             pass
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters() if "lora_" not in n)
+
+
+def test_inplace_merge_on_cuda_page_locks_exactly_the_bytes_of_the_adapted_base_weights(tiny_model_dir):
+    model = cuda_peft_model(tiny_model_dir)
+    weights = [layer.get_base_layer().weight for layer in lora_linears(model).values()]
+    exact = sum(w.numel() * w.element_size() for w in weights)  # 147456 bytes for the tiny model in bf16
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    torch.cuda.synchronize()
+    cached = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0)
+    merge = InplaceMerge(model)
+    (buffer,) = merge.buffers
+    assert merge.backup_bytes() == exact == buffer.untyped_storage().nbytes()
+    assert buffer.is_pinned() and all(t.is_pinned() for t in merge.backup.values())
+    # registered, not taken from torch's caching host allocator, which would round the block up to a power of two
+    # (262144 bytes here): its pinned bytes did not grow
+    assert torch.cuda.host_memory_stats().get("allocated_bytes.current", 0) == cached
+    with merge.merged():
+        pass
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters() if "lora_" not in n)
+    merge.close()  # unregistered: pageable again, and the restore still exact
+    assert not buffer.is_pinned()
+    with merge.merged():
+        pass
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters() if "lora_" not in n)
 
 

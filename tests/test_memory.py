@@ -83,8 +83,14 @@ def test_fast_generation_terms_by_hand(tmp_path):
     # With 4-bit weights every decoder linear is dequantized into the copy: 2 · 36864 · 2 = 147456.
     qcopy = small_estimate(tmp_path, {"generation_lora_merge": "copy"}, load_in_4bit=True)
     assert qcopy.generation_copy * GIB == pytest.approx(147456)
-    # In place: the copy of the base weights is in host memory, nothing on the GPU.
-    assert small_estimate(tmp_path, {"generation_lora_merge": "inplace"}).total == stock.total
+    # In place: the copy of the base weights is in host memory, nothing on the GPU. On the host, per process: q (64·64)
+    # and v (64·32) base weights in 2 layers at 2 bytes, 2 · 6144 · 2 = 24576 bytes exactly, outside the GPU terms.
+    inplace = small_estimate(tmp_path, {"generation_lora_merge": "inplace"})
+    assert inplace.total == stock.total and inplace.terms() == stock.terms()
+    assert inplace.host_pinned * GIB == 24576 and stock.host_pinned == copy.host_pinned == 0
+    (line,) = [line for line in inplace.as_table().splitlines() if line.startswith("host_pinned")]
+    assert "host RAM per process (per DDP rank), page-locked" in line and line.endswith(" 24576 bytes")
+    assert "host_pinned" not in stock.as_table()
     # Compiled: a static cache of 8 sequences · (prompt 8 rounded up to 64, + 8) tokens · 256 bytes = 147456, whole
     # from the first prefill and kept for the run (resident, no KV cache in the generation phase); the workspace is
     # the larger of prefill 65536 and decode 112000; the CUDA-graph pool 8 · (1000 + 3·128 + 4·64) · 2 = 26240,
@@ -111,6 +117,29 @@ def test_fast_generation_terms_by_hand(tmp_path):
     ):
         with pytest.raises(ValueError, match=match):
             small_estimate(tmp_path, overrides, **kwargs)
+
+
+def test_prompt_skip_keeps_a_second_static_cache_for_the_half_batch(tmp_path):
+    """b=2, G=2, 4 accumulation steps: 8 sequences of 4 prompts a generation; static cache (64 + 8) tokens."""
+    fields = {"generation_compile": True, "prompt_skip": True, "remove_unused_columns": False}
+    # The skipping layout's quantum: 1 process x 4 micro-batches = 4 slots, 4 / gcd(G=2, 4) = 2 prompts; half of the 4
+    # drawn prompts is 2, a multiple of it, so a batch holds 4 or 2 prompts: caches of 8 and 4 sequences, both kept
+    # for the run. 256 bytes a token: 8 · 72 · 256 = 147456 and 4 · 72 · 256 = 73728.
+    skipping = small_estimate(tmp_path, fields)
+    assert skipping.static_cache * GIB == pytest.approx(147456 + 73728)
+    assert memory.static_cache_batches(small_args(tmp_path, **fields), 8) == [8, 4]
+    compiled = small_estimate(tmp_path, {"generation_compile": True})
+    assert compiled.static_cache * GIB == pytest.approx(147456)
+    assert skipping.total - compiled.total == pytest.approx(73728 / GIB)  # resident: the peak grows by the second
+    # Refilling keeps every batch whole: one cache.
+    refill = small_estimate(tmp_path, {**fields, "prompt_skip_refill": True})
+    assert refill.static_cache * GIB == pytest.approx(147456)
+    # 3 accumulation steps: 6 sequences of 3 prompts; quantum 3 / gcd(2, 3) = 3 prompts, and half of 3 is no multiple
+    # of it, so the batch keeps all 3 prompts (skipped ones put back): one cache of 6 · 72 · 256 = 110592.
+    odd = small_estimate(tmp_path, {**fields, "gradient_accumulation_steps": 3})
+    assert odd.static_cache * GIB == pytest.approx(110592)
+    # Without compilation there is no static cache to keep.
+    assert small_estimate(tmp_path, {"prompt_skip": True, "remove_unused_columns": False}).static_cache == 0
 
 
 def test_continuous_batching_takes_its_share_of_what_is_left(tmp_path):
@@ -301,6 +330,11 @@ def test_every_preset_fits_its_card_with_ten_percent_to_spare(config):
     assert training_args.generation_compile and training_args.generation_max_prompt_length == 320
     assert training_args.generation_lora_merge in ("inplace", "copy") and not model_args.load_in_4bit
     assert (est.generation_copy > 0) == (training_args.generation_lora_merge == "copy")
+    # The in-place merge's host memory the comment states is the estimate's host_pinned line.
+    assert (est.host_pinned > 0) == (training_args.generation_lora_merge == "inplace")
+    comments = " ".join(line.removeprefix("#").strip() for line in text.splitlines() if line.startswith("#"))
+    if est.host_pinned:
+        assert f"{est.host_pinned:.2f} GiB of page-locked RAM per process" in comments
     # The commented vLLM option, with the fast-generation settings removed as it says, fits too: its share of the
     # card holds vLLM's copy of the weights.
     block = text[text.index("# Generation with vLLM instead") :].split("\n\n")[0]
@@ -383,6 +417,9 @@ def test_memory_command_prints_the_breakdown(capsys):
     for term in ("weights", "adapters", "optimizer", "gradients", "activations", "logits", "kv_cache", "overhead"):
         assert re.search(rf"^{term}\s+\d+\.\d\d\s+\w+", out, re.MULTILINE), term
     assert re.search(r"^peak\s+\d+\.\d\d", out, re.MULTILINE) and "fits (limit 90% = 7.20 GiB)" in out
+    # The in-place merge's host copy, per process: Qwen2.5-1.5B's 28 layers of q, o (1536·1536), k, v (1536·256) and
+    # gate, up, down (1536·8960) in bf16: 28 · 46792704 · 2 = 2620391424 bytes = 2.44 GiB.
+    assert re.search(r"^host_pinned\s+2\.44  host RAM per process \(per DDP rank\).* 2620391424 bytes$", out, re.M)
     # Overrides go through, and a card that is too small gives exit code 1.
     assert cli.main(["memory", "--config", config, "--card-gib", "4", "--max_completion_length", "2048"]) == 1
     assert "DOES NOT FIT" in capsys.readouterr().out
@@ -471,3 +508,30 @@ def test_memory_command_errors_are_one_line(tmp_path, capsys):
         assert cli.main(["memory", *argv]) == code
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(start), err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_two_resident_static_caches_take_what_the_estimate_counts(tiny_model_dir):
+    """With `prompt_skip` and `generation_compile` a run keeps two static caches, of the full generation batch and of
+    half of it (`static_cache_batches`): each allocated whole at its first prefill and kept. The CUDA memory they
+    hold is the estimate's `kv_cache_bytes` of each, up to the caching allocator's 512-byte rounding per tensor."""
+    from transformers import AutoModelForCausalLM
+
+    from trl_grpo_ext.generation.static_cache import StaticCaches
+    from trl_grpo_ext.trl_contact import generate_cache_argument
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).cuda().eval()
+    keyword, caches, length = generate_cache_argument(model), StaticCaches(), 64 + 16
+    layers = model.config.num_hidden_layers
+    for sequences in (8, 4):  # the full batch, then prompt skipping's half batch
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        cache = caches.for_generation(model, sequences, length)
+        with torch.no_grad():
+            model(input_ids=torch.randint(5, 400, (sequences, 10), device="cuda"), **{keyword: cache}, use_cache=True)
+        torch.cuda.synchronize()
+        held = torch.cuda.memory_allocated() - before  # the logits are freed with the output
+        expected = memory.kv_cache_bytes(model.config, sequences, length)
+        assert expected <= held <= expected + 2 * layers * 512, (sequences, held, expected)
+    assert len(caches.caches) == 2  # both kept for the run

@@ -159,7 +159,8 @@ def test_private_methods_are_overridden_in_trl_contact_only():
                             overriding.setdefault(item.name, []).append(f"{where}:{node.name}")
     assert {name: where for name, where in overriding.items() if where != ["trl_contact/hooks.py:TRLContact"]} == {}
     overridden = set(overriding)
-    assert overridden == {n for n in PRIVATE_METHODS if n not in ("_get_grad_norm", "_get_output_dir")}
+    called = ("_get_grad_norm", "_get_output_dir", "_inner_training_loop")  # called or looked for, not overridden
+    assert overridden == {n for n in PRIVATE_METHODS if n not in called}
     for name in overridden:
         assert hook_name(name) in TRLContact.__dict__
         assert f"self.{hook_name(name)}(" in inspect.getsource(TRLContact.__dict__[name])
@@ -255,7 +256,7 @@ def test_the_package_re_exports_every_public_name_of_its_modules_and_checks_at_i
     when it was one module, and importing it runs `check_contact_surface()` (its last statement)."""
     folder = PACKAGE / "trl_contact"
     modules = sorted(path.stem for path in folder.glob("*.py") if path.stem != "__init__")
-    assert modules == ["accessors", "hooks", "loop_state", "surface", "transformers_internals"]
+    assert modules == ["accessors", "hooks", "loop_state", "surface", "torch_internals", "transformers_internals"]
     for stem in modules:
         module = __import__(f"trl_grpo_ext.trl_contact.{stem}", fromlist=["_"])
         own = [name for name, value in vars(module).items() if not name.startswith("_")

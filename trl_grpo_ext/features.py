@@ -12,7 +12,7 @@ tokens; TRL generates a generation batch once every `steps_per_generation` micro
     generation_batch   which prompts the generation batch holds (before generation): the first feature listed
                        there that draws the batch draws it, through the prompt filters
     skip_prompts       the prompts taken out of the drawn generation batch before generation, not replaced
-    generation         around each of TRL's `model.generate` calls
+    generation         around each of TRL's `model.generate` calls (generated again when a feature stops its error)
     rewards            the reward functions' scores of the generation batch, gathered over all processes
     advantages         TRL's output for the generation batch: advantages (B,), masks, log-probabilities
     loss_start         before TRL's loss on a micro-batch (training and evaluation)
@@ -147,8 +147,11 @@ class Feature:
         number on every process, `num_generations` per prompt in a row over the processes."""
         return inputs
 
-    def generation(self, prompt_ids: list[list[int]]) -> AbstractContextManager:
-        """A context entered around one of TRL's `model.generate` calls, for the batch's `prompt_ids`."""
+    def generation(self, prompt_ids: list[list[int]], generate: Callable[[], tuple]) -> AbstractContextManager:
+        """A context entered around one of TRL's `model.generate` calls, for the batch's `prompt_ids`; `generate()`
+        is TRL's generation of this batch without the features (`_generate_single_turn`: completion ids and
+        log-probabilities), which a feature may call inside its context before the block (fast generation's probe).
+        A context that stops an error of the block makes the trainer generate the batch again."""
         return nullcontext()
 
     def rewards(self, inputs: list[dict], rewards_per_func: torch.Tensor) -> None:

@@ -7,6 +7,7 @@ a plain call to TRL's method.
 """
 
 import contextlib
+import functools
 import importlib
 import inspect
 import logging
@@ -56,7 +57,8 @@ STEP = {
     "generation_batch": ("policy_groups", "prompt_skip"),
     # without refilling: the prompts predicted uninformative taken out of the drawn batch
     "skip_prompts": ("prompt_skip",),
-    # timed (around all of it); static cache, compiled decode step, merged LoRA weights
+    # timed (around all of it); static cache, compiled decode step, merged LoRA weights (a probe generation first;
+    # on failure the fall back to TRL's generation, which generates the batch again)
     "generation": ("doctor", "fast_generation"),
     # rows and rewards noted; which completions some reward function scored
     "rewards": ("policy_groups", "prompt_skip", "entropy_reg"),
@@ -245,12 +247,16 @@ class GRPOTrainer(TRLContact):
 
     def hook_generate_single_turn(self, prompt_ids, *args, **kwargs):
         acting = self._acting("generation")
+        generate = functools.partial(super().hook_generate_single_turn, prompt_ids, *args, **kwargs)  # TRL's
         if not acting:
-            return super().hook_generate_single_turn(prompt_ids, *args, **kwargs)
+            return generate()
         with contextlib.ExitStack() as stack:
             for feature in acting:
-                stack.enter_context(feature.generation(prompt_ids))
-            return super().hook_generate_single_turn(prompt_ids, *args, **kwargs)
+                stack.enter_context(feature.generation(prompt_ids, generate))
+            return generate()
+        # Reached only when a feature stopped the generation's error: fast generation fell back to TRL's generation
+        # (and put the random state back), so the batch is generated again, as TRL generates it.
+        return self.hook_generate_single_turn(prompt_ids, *args, **kwargs)
 
     def hook_calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super().hook_calculate_rewards(inputs, prompts, completions, completion_ids_list)

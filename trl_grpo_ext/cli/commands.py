@@ -15,7 +15,8 @@ Errors: a user error (a bad value, a missing file, an unknown key) prints one li
 <what is wrong, the value, the fix>`, and exits with code 1 (2 for an unknown command, option or config key).
 `--debug` (before or after the command; `--debug VALUE` stays TrainingArguments' own option) or
 `TRL_GRPO_EXT_DEBUG=1` shows the full traceback instead, and the known harmless start-up warnings this command
-hides (`trl_grpo_ext.cli.errors`).
+hides (`trl_grpo_ext.cli.errors`). An error raised in `grpo`'s training loop also writes its full traceback and the
+versions to `<output_dir>/error.log`, which the line names (a bug's traceback is printed too, ending with the path).
 """
 
 import argparse
@@ -42,7 +43,9 @@ def _grpo(argv: list[str]) -> int:
     errors.check_model_path("model_name_or_path", model_args.model_name_or_path)
     fix = "give a Hub dataset id, or a local folder or file that datasets.load_dataset reads"
     errors.check_local_path("dataset_name", script_args.dataset_name, fix)
-    grpo.main(script_args, training_args, model_args, dataset_args)
+    # An error in the training loop (a reward function's, hours in): its traceback in <output_dir>/error.log.
+    with errors.training_errors(training_args.output_dir):
+        grpo.main(script_args, training_args, model_args, dataset_args)
     return 0
 
 

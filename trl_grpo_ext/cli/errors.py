@@ -18,16 +18,23 @@ quiet start.
 * `quiet_start`: hides the known harmless start-up messages (`QUIET_WARNINGS`, `QUIET_LOGS`) in this process. Only an
   entry point calls it: importing this module, or any of the package, changes no warning filter or logger.
 * `check_model_path` / `check_local_path`: a model or data path that does not exist, found before anything loads.
+* `training_errors`: around an entry point's training, saves the full traceback of an error raised after training
+  started, and the versions (`versions`), to `<output_dir>/error.log`, which `run`'s one line names:
+  `<prog>: error: <what is wrong> (full traceback: <output_dir>/error.log)`. Config-time errors stay one line.
 """
 
 import ast
+import contextlib
 import dataclasses
 import difflib
 import logging
 import os
+import platform
 import re
 import shlex
 import sys
+import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -394,6 +401,84 @@ class Interrupted(KeyboardInterrupt):
                 f"resume with: {command}")  # fmt: skip
 
 
+ERROR_LOG = "error.log"  # in the run's output_dir: the traceback of an error raised after training started
+VERSIONED_PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate")
+
+
+def versions() -> dict[str, str]:
+    """What an error report needs to reproduce the run: python (and the platform), `VERSIONED_PACKAGES` ("not
+    installed" for one missing), trl_grpo_ext, and the CUDA device ("none" without one). Never raises."""
+    from importlib import metadata
+
+    from .. import __version__
+
+    found = {"python": f"{platform.python_version()} ({platform.platform()})"}
+    for name in VERSIONED_PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    found["trl_grpo_ext"] = __version__
+    try:
+        import torch
+
+        found["cuda device"] = "none"
+        if torch.cuda.is_available():
+            name = torch.cuda.get_device_name(torch.cuda.current_device())
+            found["cuda device"] = f"{name} (CUDA {torch.version.cuda})"
+    except Exception as error:  # noqa: BLE001 - a broken CUDA state is reported, not raised over the error logged
+        found["cuda device"] = f"unknown ({type(error).__name__}: {error})"
+    return found
+
+
+def write_error_log(output_dir: str, error: BaseException) -> Path | None:
+    """Write `<output_dir>/ERROR_LOG`: the time, the command line, `versions()` and the full traceback of `error`.
+
+    Only the main process writes (`RANK` 0 or unset). Returns the file's path, or None on another process or when it
+    cannot be written (a full disk, a read-only folder): the error is reported either way.
+    """
+    if os.environ.get("RANK", "0") != "0":
+        return None
+    path = Path(output_dir) / ERROR_LOG
+    header = [time.strftime("%Y-%m-%d %H:%M:%S %Z"), f"command: {shlex.join([sys.executable, *sys.argv])}", ""]
+    header += [f"{name}: {value}" for name, value in versions().items()]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(header) + "\n\n" + "".join(traceback.format_exception(error)))
+    except OSError:
+        return None
+    return path
+
+
+def raised_in_training(error: BaseException) -> bool:
+    """Whether `error` was raised inside transformers' training loop, after the model, data and optimizer were set
+    up (`trl_contact.raised_in_training_loop`)."""
+    from ..trl_contact import raised_in_training_loop
+
+    return raised_in_training_loop(error)
+
+
+@contextlib.contextmanager
+def training_errors(output_dir: str, *, started: bool = False):
+    """Save the full traceback of an error raised after training started to `<output_dir>/error.log`
+    (`write_error_log`), for the entry point's one line (`run`) to name.
+
+    An error raised inside transformers' training loop (`raised_in_training`) counts, or, with `started`, any error
+    raised inside the block (the recipe's saving and evaluation after training). It is re-raised unchanged, with the
+    log's path as its `error_log` attribute and a note (`add_note`) that ends its printed traceback. Other errors (a
+    config check, a model that does not load) and Ctrl-C pass through as they are.
+    """
+    try:
+        yield
+    except Exception as error:
+        if started or raised_in_training(error):
+            path = write_error_log(output_dir, error)
+            if path is not None:
+                error.error_log = str(path)
+                error.add_note(f"full traceback and versions: {path}")
+        raise
+
+
 def run(entry: Callable[[list[str]], int | None], argv: Iterable[str], prog: str, *, debug: bool = False) -> int:
     """Run `entry(argv)` (the debug switch taken out of `argv`) after `quiet_start`, and return its exit code (0 for
     None).
@@ -401,7 +486,8 @@ def run(entry: Callable[[list[str]], int | None], argv: Iterable[str], prog: str
     A user error (`USER_ERRORS`) prints `<prog>: error: <one_line(error)>` on stderr and returns 2 for a
     `UsageError`, else 1; with the debug switch (`--debug` in `argv`, `debug`, or `TRL_GRPO_EXT_DEBUG=1`) it is
     raised instead, with its traceback. Other exceptions are raised. Ctrl-C (`KeyboardInterrupt`) prints one line,
-    `<prog>: interrupted`, with the checkpoint to resume from for an `Interrupted`, and returns 130.
+    `<prog>: interrupted`, with the checkpoint to resume from for an `Interrupted`, and returns 130. A user error
+    raised after training started (`training_errors`) names the file holding its traceback instead of `--debug`.
     """
     argv, flag = pop_debug_flag(argv)
     debug = debug or flag or debug_from_env()
@@ -419,6 +505,8 @@ def run(entry: Callable[[list[str]], int | None], argv: Iterable[str], prog: str
         if debug:
             raise
         hint = "" if isinstance(error, UsageError) else " (run with --debug for the traceback)"
+        log = getattr(error, "error_log", None)  # raised after training started (`training_errors`)
+        hint = f" (full traceback: {log})" if log else hint
         print(f"{prog}: error: {one_line(error)}{hint}", file=sys.stderr)
         return 2 if isinstance(error, UsageError) else 1
     return 0 if code is None else code

@@ -43,10 +43,15 @@ size, a attention heads, k key-value heads, d head dim, V vocabulary, P prompt a
   cache freed) while training; without, it stays.
 * **fast generation** (`trl_grpo_ext.generation`). `generation_lora_merge="copy"`: **generation_copy**, one bf16 copy
   of the LoRA-targeted linear layers (2 bytes a weight; with 4-bit weights every decoder linear, dequantized), always
-  resident. `"inplace"` keeps its copy of the base weights in host memory: nothing on the GPU. `generation_compile`:
+  resident. `"inplace"` keeps its copy of the base weights in host memory: nothing on the GPU, and
+  **host_pinned**, not part of the GPU peak: the targeted linear layers' base weights, 2 bytes a weight, exactly (one
+  page-locked buffer, `generation.lora_merge.InplaceMerge`), in every process (per DDP rank). `generation_compile`:
   **static_cache**, B sequences of `generation_max_prompt_length` (else P rounded up to 64) + C tokens, allocated
   whole at the first prefill and kept for the run (its addresses stay fixed for the CUDA graph:
-  `generation.static_cache`), so resident rather than in the generation phase; and **compile_workspace**, the
+  `generation.static_cache`), so resident rather than in the generation phase; one such cache per batch size that
+  generation takes (`StaticCaches`): with `prompt_skip` (without `prompt_skip_refill`) a batch holds all the drawn
+  prompts or half of them when half is a whole number of layout quanta (`prompt_skip.skipping.static_cache_quantum`),
+  so a second cache of B/2 sequences (`static_cache_batches`); and **compile_workspace**, the
   CUDA-graph pool that stays allocated between generations: the decode step's bf16 logits and one layer's
   intermediates, B·(V + 3I + 4h)·w.
 * **continuous batching** (TRL's `use_transformers_continuous_batching`): its paged cache takes `max_memory_percent`
@@ -65,6 +70,7 @@ from dataclasses import dataclass, fields
 from ..generation.checks import model_setting_problem
 from ..generation.device_memory import copy_weight_bytes
 from ..generation.static_cache import prompt_budget
+from ..prompt_skip.skipping import layout_quantum, static_cache_quantum
 
 GIB = 2**30
 OVERHEAD_GIB = 1.0
@@ -95,6 +101,7 @@ class MemoryEstimate:
     compile_workspace: float = 0.0
     static_cache: float = 0.0
     vllm_persistent: bool = False  # vLLM without sleep mode stays resident through training
+    host_pinned: float = 0.0  # page-locked host memory of one process (the in-place merge's copy): not GPU memory
 
     @property
     def persistent(self) -> float:
@@ -116,8 +123,9 @@ class MemoryEstimate:
         return self.persistent + max(self.training, self.generation)
 
     def terms(self) -> dict[str, float]:
-        """Every term by name, in GiB."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "vllm_persistent"}
+        """Every term of the GPU peak by name, in GiB."""
+        left_out = ("vllm_persistent", "host_pinned")
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in left_out}
 
     def largest(self, n: int = 3) -> list[tuple[str, float]]:
         """The `n` largest terms, largest first."""
@@ -136,6 +144,11 @@ class MemoryEstimate:
         if card_gib is not None:
             verdict = "fits" if self.total <= 0.9 * card_gib else "DOES NOT FIT"
             lines.append(f"{'card':<22}{card_gib:>8.2f}  {verdict} (limit 90% = {0.9 * card_gib:.2f} GiB)")
+        if self.host_pinned:
+            lines.append(
+                f"{'host_pinned':<22}{self.host_pinned:>8.2f}  host RAM per process (per DDP rank), page-locked: the "
+                f"in-place merge's copy of the adapted base weights, {round(self.host_pinned * GIB)} bytes"
+            )
         return "\n".join(lines)
 
 
@@ -275,6 +288,17 @@ def generation_copy_bytes(config, targets: tuple[str, ...], load_in_4bit: bool) 
     return copy_weight_bytes([shapes[n] for n in names] * config.num_hidden_layers, 2)
 
 
+def static_cache_batches(args, sequences: int) -> list[int]:
+    """The batch sizes (sequences a process) training generates at with `generation_compile`, each with a static cache
+    of its own for the run: `sequences`, and with `prompt_skip` (no refill, which keeps the batch whole) half of them
+    when the skipping layout lets a batch shrink to half of the drawn prompts (`static_cache_quantum`)."""
+    if not getattr(args, "prompt_skip", False) or args.prompt_skip_refill:
+        return [sequences]
+    drawn = args.generation_batch_size // args.num_generations  # prompts of a generation batch, over all processes
+    quantum = layout_quantum(args.num_generations, max(args.world_size, 1), args.steps_per_generation)
+    return [sequences] if static_cache_quantum(drawn, quantum) == drawn else [sequences, sequences // 2]
+
+
 def compile_workspace_bytes(config, sequences: int) -> int:
     """The CUDA-graph pool of a compiled decode step: its bf16 logits and one layer's intermediates,
     B·(V + 3I + 4h)·2 bytes."""
@@ -367,7 +391,7 @@ def estimate(
         model_config, b, seq_len, gradient_checkpointing=args.gradient_checkpointing, **layer_kwargs
     )
 
-    vllm, vllm_persistent, kv, workspace, copy, compiled, static_kv = 0.0, False, 0, 0, 0, 0, 0
+    vllm, vllm_persistent, kv, workspace, copy, compiled, static_kv, host = 0.0, False, 0, 0, 0, 0, 0, 0
     sequences = args.generation_batch_size // max(args.world_size, 1)
     if hasattr(args, "generation_lora_merge"):  # a TRL GRPOConfig has none of this package's fields
         problem = model_setting_problem(args, lora=targets is not None, quantized=load_in_4bit)
@@ -375,6 +399,9 @@ def estimate(
             raise ValueError(problem)
         if args.generation_lora_merge == "copy":
             copy = generation_copy_bytes(model_config, targets, load_in_4bit)
+        elif args.generation_lora_merge == "inplace":  # never 4-bit (refused above): 2 bytes a weight
+            shapes = linear_shapes(model_config)
+            host = copy_weight_bytes([shapes[n] for n in targets] * model_config.num_hidden_layers, 2)
     if args.use_vllm:
         if args.vllm_mode == "colocate":
             if card_gib is None:
@@ -403,8 +430,9 @@ def estimate(
             static = budget + completion
             compiled = compile_workspace_bytes(model_config, sequences)
         kv, workspace = generation_bytes(model_config, sequences, prompt_length, completion, static)
-        if static is not None:  # kept for the run: resident
-            static_kv, kv = kv, 0
+        if static is not None:  # kept for the run, one per batch size: resident
+            batches = static_cache_batches(args, sequences)
+            static_kv, kv = sum(kv_cache_bytes(model_config, n, static) for n in batches), 0
 
     return MemoryEstimate(
         weights=weights / GIB,
@@ -422,6 +450,7 @@ def estimate(
         compile_workspace=compiled / GIB,
         static_cache=static_kv / GIB,
         vllm_persistent=vllm_persistent,
+        host_pinned=host / GIB,
     )
 
 

@@ -10,7 +10,7 @@ from .checks import Diagnosis, Run
 PANEL_OF = {"no_signal": "zero_std", "truncation": "clipped", "entropy_collapse": "entropy",
             "entropy_explosion": "entropy", "kl_runaway": "kl", "format_only": "functions",
             "reward_plateau": "reward", "nonfinite": "grad_norm", "grad_spikes": "grad_norm",
-            "generation_bound": "time", "memory": "time"}  # fmt: skip
+            "fast_generation": "time", "generation_bound": "time", "memory": "time"}  # fmt: skip
 PANELS = ("reward", "functions", "entropy", "kl", "clipped", "zero_std", "time", "grad_norm", "tokens")
 
 

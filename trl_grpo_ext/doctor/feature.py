@@ -45,7 +45,7 @@ class RunDoctor(Feature):
         self._step_times = 0  # how many step times TRL had noted before this micro-step
 
     @contextmanager
-    def generation(self, prompt_ids):
+    def generation(self, prompt_ids, generate):
         start = time.perf_counter()
         try:
             yield

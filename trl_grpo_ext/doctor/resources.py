@@ -1,10 +1,44 @@
-"""The run doctor's checks of what a step costs: generation-bound steps and the CUDA memory headroom."""
+"""The run doctor's checks of what a step costs: fast generation that fell back or stopped being fast,
+generation-bound steps and the CUDA memory headroom."""
 
 import numpy as np
 
+from ..fallback_words import CAUSES, COMPILE_TROUBLE
 from . import series as S
 from .checks import Finding, Run, Skip, check, missing, span, too_short
 from .thresholds import value
+
+
+@check("fast_generation")
+def fast_generation(run: Run) -> list[Finding] | Skip:
+    """Fast generation fell back to TRL's generation (`fast_generation/fell_back/<cause>`, logged once, when it fell
+    back), or its compiled decode step silently stopped being fast (`fast_generation/recompile_limit_hits`,
+    `fast_generation/cudagraph_skips`, logged at each generation that added to torch's counts)."""
+
+    causes = run.keys_like("fast_generation/fell_back/", "")
+    troubles = [kind for kind in COMPILE_TROUBLE if len(run.finite(f"fast_generation/{kind}")[0])]
+    if not causes and not troubles:
+        if run.settings.get("generation_compile") or run.settings.get("generation_lora_merge"):
+            return []
+        return missing("fast_generation", "fast_generation/...", "logged with generation_compile or "
+                       "generation_lora_merge on")  # fmt: skip
+    findings = []
+    for cause in causes:
+        steps, _ = run.finite(f"fast_generation/fell_back/{cause}")
+        what, fix = CAUSES.get(cause, CAUSES["other"])
+        findings.append(Finding(
+            "fast_generation", "run", "fast generation fell back to TRL's generation",
+            f"fast_generation/fell_back/{cause} at step {steps[0]}: {what} (the training log's warning has the error)",
+            fix, int(steps[0]),
+        ))  # fmt: skip
+    for kind in troubles:
+        steps, counts = run.finite(f"fast_generation/{kind}")
+        what, fix = COMPILE_TROUBLE[kind]
+        findings.append(Finding(
+            "fast_generation", kind.removesuffix("s").replace("_", " "), what,
+            f"fast_generation/{kind} {counts.sum():.0f} over steps {steps[0]}-{steps[-1]}", fix, int(steps[0]),
+        ))  # fmt: skip
+    return findings
 
 
 @check("generation_bound")

@@ -2,7 +2,10 @@
 its docstring), their ranges and the rules between them and TRL's (`FAST_GENERATION_CONFIG`, composed into
 `GRPOConfig` by `trl_grpo_ext.config`)."""
 
+import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..field_checks import ConfigPart, Range
 
@@ -44,6 +47,12 @@ class FastGenerationFields:
         compute dtype (for QLoRA, the dequantized base), sharing every other tensor with the policy and refreshed
         once per optimizer step (GPU memory: one compute-dtype copy of the adapted layers). Needs a PEFT LoRA
         model.
+    generation_fallback (`bool`, *optional*, defaults to `True`):
+        With `generation_compile` or `generation_lora_merge` on: when the fast path fails (its setup, the short
+        probe generation at the start of training, or any later generation: no C compiler for Triton, Triton
+        missing, a card too old, out of memory, a torch.compile error), warn once with the cause and the setting to
+        change, put TRL's generation settings and the base weights back as they were, and go on with TRL's
+        generation (the same completions as stock TRL from then on). `False`: raise the error instead.
     """
 
     generation_compile: bool = field(
@@ -67,6 +76,13 @@ class FastGenerationFields:
             "base weights, restored bit for bit from host memory), copy (a separate merged generation model; for "
             "QLoRA the dequantized base).",
             "choices": list(GENERATION_LORA_MERGE),
+        },
+    )
+    generation_fallback: bool = field(
+        default=True,
+        metadata={
+            "help": "When fast generation fails (setup, the probe at the start of training, a later generation), "
+            "warn once and go on with TRL's generation; False raises the error instead."
         },
     )
 
@@ -102,8 +118,80 @@ def check_generation_fields(args) -> None:
         )
 
 
+def check_generation_engine(args) -> None:
+    """Fast generation refused under an engine that shards the weights over processes (FSDP, DeepSpeed ZeRO-3), from
+    what is known before the model loads (`sharding_engine`). Reads nothing while every lever is off.
+
+    `GRPOConfig.__post_init__` runs it before TrainingArguments' own, which builds the DeepSpeed plugin from the same
+    settings (and needs deepspeed installed to do so); the trainer refuses the same again from the prepared
+    accelerator (`FastGenerationFeature.build`).
+
+    Raises:
+        ValueError: one line naming the levers that are on, the engine and the setting it comes from.
+    """
+    levers = generation_levers(args)
+    if not levers:
+        return
+    engine = sharding_engine(args)
+    if engine is not None:
+        off = ["--generation_compile false"] if args.generation_compile else []
+        off += ["--generation_lora_merge none"] if args.generation_lora_merge != "none" else []
+        raise ValueError(
+            f"{', '.join(levers)}: the weights are sharded over processes ({engine}), so no process holds a whole "
+            f"layer to merge or compile; use DDP or ZeRO-1/2, or turn fast generation off ({' '.join(off)})"
+        )
+
+
+def sharding_engine(args) -> str | None:
+    """The engine that will shard the model's weights over processes, with the setting it comes from ("FSDP, from
+    accelerate launch's ACCELERATE_USE_FSDP"), or None (one process, DDP, DeepSpeed ZeRO-0/1/2).
+
+    Read as accelerate and transformers read them, before either builds a plugin:
+        - `args.fsdp` (TrainingArguments': any value turns FSDP on), or `ACCELERATE_USE_FSDP=true`, which
+          `accelerate launch` sets for a `distributed_type: FSDP` config (`accelerate.utils.launch`'s
+          `prepare_multi_gpu_env`).
+        - `args.deepspeed` (a dict or a JSON file): its `zero_optimization.stage`; else, with
+          `ACCELERATE_USE_DEEPSPEED=true` (`prepare_deepspeed_cmd_env`, for a `distributed_type: DEEPSPEED` config),
+          the stage of the JSON in `ACCELERATE_DEEPSPEED_CONFIG_FILE`, or `ACCELERATE_DEEPSPEED_ZERO_STAGE`. A
+          stage "auto" is the environment's stage, 2 when unset (accelerate's `DeepSpeedPlugin`); a missing one is
+          DeepSpeed's 0.
+    A DeepSpeed config that is not a dict or a readable file (transformers also takes base64) is left to the trainer.
+    """
+    environ = os.environ
+    if args.fsdp:
+        return "FSDP, from the fsdp argument"
+    if environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":  # as accelerate's AcceleratorState reads it
+        return "FSDP, from accelerate launch's ACCELERATE_USE_FSDP"
+    launch_stage = environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
+    file = environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")  # "none": accelerate's unset
+    if args.deepspeed:
+        where = "the deepspeed config" + (f" {args.deepspeed}" if isinstance(args.deepspeed, str) else "")
+        stage = _zero_stage(args.deepspeed, launch_stage)
+    elif environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
+        return None
+    elif file != "none":
+        where, stage = f"accelerate launch's ACCELERATE_DEEPSPEED_CONFIG_FILE {file}", _zero_stage(file, launch_stage)
+    else:
+        where, stage = f"accelerate launch's ACCELERATE_DEEPSPEED_ZERO_STAGE={launch_stage}", launch_stage
+    return f"DeepSpeed ZeRO-3, from {where}" if stage == "3" else None
+
+
+def _zero_stage(config: dict | str, launch_stage: str) -> str | None:
+    """The ZeRO stage of a DeepSpeed config (a dict or a JSON file's path), "auto" read as `launch_stage`; None when
+    the config cannot be read here."""
+    if isinstance(config, str):
+        try:
+            config = json.loads(Path(config).read_text())
+        except (OSError, ValueError):
+            return None
+    if not isinstance(config, dict):
+        return None
+    stage = (config.get("zero_optimization") or {}).get("stage", 0)
+    return launch_stage if stage == "auto" else str(stage)
+
+
 FAST_GENERATION_CONFIG = ConfigPart(
     FastGenerationFields,
     ranges={"generation_max_prompt_length": Range(1)},
-    checks=(check_generation_fields,),
+    checks=(check_generation_fields, check_generation_engine),
 )

@@ -11,6 +11,17 @@ in-place merge's pinned host copy, the generation copy next to the weights it sh
 What can be refused from the settings and the model's structure is refused at `__init__`
 (`FastGenerationFeature.build`).
 
+The first generation then runs the whole fast path once on a probe: TRL's generation of the first batch (the same
+prompts, so the same shapes the run then compiles for) cut to `PROBE_TOKENS` new tokens, every random state put back
+after it. Where the fast path fails, at setup, in the probe or in any later generation (a missing compiler or
+Triton, a card too old for Triton, out of memory, a torch.compile error), and `generation_fallback` is on (the
+default): one warning with the cause and the setting to change (`fallback`), TRL's generation settings put back as
+they were before setup, the merge and the static caches dropped (the base weights were restored bit for bit as the
+merge's block ended), the random state put back as it was before the failed attempt, and the batch generated again
+by TRL's generation, as is every later one; `fast_generation/fell_back/<cause>` is logged for the run doctor. After
+each generation through the fast path, torch's counts of recompile-limit hits and CUDA-graph skips are read: either
+is logged (`fast_generation/recompile_limit_hits`, `fast_generation/cudagraph_skips`) and warned about once.
+
 Around each generation, in order:
 
 0. transformers' repeated `make_inputs_require_grads` hooks on the input embeddings are cut to one
@@ -36,6 +47,7 @@ policy to bf16/fp16 before each of its generations, which fails on bitsandbytes 
 silently turns fp32 LoRA adapters into bf16 ones for the rest of training (a warning at init).
 """
 
+import copy
 import importlib.util
 import logging
 import time
@@ -44,16 +56,19 @@ from contextlib import contextmanager
 import torch
 from accelerate.utils import DistributedType
 
+from ..fallback_words import COMPILE_TROUBLE
 from ..features import Feature
 from ..trl_contact import compiles_in_one_graph, drop_repeated_input_grad_hooks, generate_cache_argument, metrics
 from .checks import model_setting_problem
 from .config import generation_levers
 from .device_memory import check_copy_fits, generation_copy_bytes
+from .fallback import CompileTrouble, RNGState, fallback_cause, fallback_warning
 from .lora_merge import GenerationCopy, InplaceMerge, is_quantized_linear, lora_linears
 from .static_cache import StaticCaches, StaticCacheSizer
 
 logger = logging.getLogger(__name__)
 GIB = 2**30
+PROBE_TOKENS = 4  # new tokens of the probe generation: the prefill, then the decode step compiled, warmed up, recorded
 
 
 class FastGeneration:
@@ -68,6 +83,7 @@ class FastGeneration:
         self.caches = StaticCaches() if sizer is not None else None
         self.device = device  # where the model was at the first generation
         self.refreshed_step = None  # the optimizer step whose adapters the generation copy holds
+        self.generate_error: Exception | None = None  # the last error raised inside a routed `generate` call
 
     @classmethod
     def setup(cls, trainer, policy: torch.nn.Module, longest_prompt: int) -> "FastGeneration":
@@ -128,10 +144,8 @@ class FastGeneration:
     @contextmanager
     def _routed(self, policy: torch.nn.Module, generator: torch.nn.Module, cache_length: int | None):
         """Within the block, `policy.generate` is `generator.generate` (the policy's own, or the copy's) with the
-        static cache for the call's batch size added; a plain block when neither applies."""
-        if generator is policy and self.caches is None:
-            yield
-            return
+        static cache for the call's batch size added (with `generation_compile`). An error raised inside that call
+        is kept in `generate_error`."""
         from peft import PeftModel
 
         target = generator.generate  # bound before the instance attribute below shadows the class's method
@@ -146,7 +160,11 @@ class FastGeneration:
                 per_prompt = max(config.num_beams or 1, config.num_return_sequences or 1)  # None: transformers' 1
                 sequences = kwargs["input_ids"].shape[0] * per_prompt
                 kwargs[keyword] = self.caches.for_generation(cache_model, sequences, cache_length)
-            return target(*args, **kwargs)
+            try:
+                return target(*args, **kwargs)
+            except Exception as error:
+                self.generate_error = error
+                raise
 
         before = vars(policy).get("generate")  # a generate the user set on the instance, put back afterwards
         policy.generate = generate  # an instance attribute: it shadows PeftModel.generate until deleted
@@ -158,11 +176,16 @@ class FastGeneration:
             else:
                 policy.generate = before
         if not calls:
-            raise RuntimeError(
+            raise TRLGenerationChanged(
                 "fast generation: TRL's _generate_single_turn no longer generates through unwrapped_model.generate, "
-                "so the generation copy and the static cache were not used. This TRL version is not supported with "
-                "generation_lora_merge='copy' or generation_compile=True."
+                "so the merged weights, the generation copy and the static cache were not used. This TRL version is "
+                "not supported with generation_lora_merge or generation_compile=True."
             )
+
+
+class TRLGenerationChanged(RuntimeError):
+    """TRL no longer generates through the unwrapped model's `generate`: the fast path cannot act. Never a reason to
+    fall back: this TRL is not supported with fast generation."""
 
 
 def _now() -> float:
@@ -181,14 +204,23 @@ def padded_prompt_length(prompt_ids: list[list[int]], pad_to_multiple_of: int | 
 
 
 class FastGenerationFeature(Feature):
-    """Fast generation in the trainer (`fast`, a `FastGeneration`, None until the first generation builds it): a
-    feature when `generation_compile` or `generation_lora_merge` is set."""
+    """Fast generation in the trainer: a feature when `generation_compile` or `generation_lora_merge` is set.
+
+    Attributes:
+        fast: the `FastGeneration`, None until the first generation builds it, and again once fallen back.
+        fell_back: None while the fast path is in use; after it failed (with `generation_fallback`), the key of
+            `fallback_words.CAUSES` that says why, and every generation from then on is TRL's.
+    """
 
     name = "fast_generation"
 
-    def __init__(self, trainer):
+    def __init__(self, trainer, fell_back: str | None = None):
         super().__init__(trainer)
         self.fast: FastGeneration | None = None
+        self.fell_back = fell_back
+        self._trl_generation_config = None  # TRL's generation settings before `setup`, put back on a fall back
+        self._reported: set[str] = set()  # the kinds of `fallback_words.COMPILE_TROUBLE` warned about so far
+        self._fallback_logged = fell_back is None  # a fall back decided at init is logged at the first generation
 
     @classmethod
     def build(cls, trainer) -> "FastGenerationFeature | None":
@@ -198,8 +230,9 @@ class FastGenerationFeature(Feature):
             ValueError: a lever that cannot apply, naming the setting and why: what `checks.model_setting_problem`
                 refuses (a merge without LoRA, `inplace` into quantized weights, compilation of a bitsandbytes model
                 without `copy`); `inplace` on a weight tied to the embeddings; LoRA layers that do not merge exactly;
-                compilation of a model that takes no cache, or on CUDA without Triton; any lever under FSDP or
-                DeepSpeed ZeRO-3 (sharded weights); continuous batching with bitsandbytes weights.
+                compilation of a model that takes no cache; any lever under FSDP or DeepSpeed ZeRO-3 (sharded
+                weights); continuous batching with bitsandbytes weights; with `generation_fallback=False`, compilation
+                on CUDA without Triton (with it, a warning, and the run generates as TRL does).
         """
         args = trainer.args
         policy = trainer.accelerator.unwrap_model(trainer.model)
@@ -232,29 +265,120 @@ class FastGenerationFeature(Feature):
             lora_linears(policy.get_base_model())
         if args.generation_compile:
             _check_compile(trainer, policy)
+            if trainer.accelerator.device.type == "cuda" and importlib.util.find_spec("triton") is None:
+                error = ModuleNotFoundError("No module named 'triton': torch.compile needs Triton on CUDA")
+                if not args.generation_fallback:
+                    raise ValueError(
+                        "generation_compile=True needs Triton for torch.compile on CUDA, which is not installed: "
+                        "pip install triton (on Windows: pip install triton-windows)"
+                    )
+                logger.warning(fallback_warning(error, "no_triton", "at the start of training"))
+                return cls(trainer, fell_back="no_triton")
         return cls(trainer)
 
     @contextmanager
-    def generation(self, prompt_ids: list[list[int]]):
+    def generation(self, prompt_ids: list[list[int]], generate):
         trainer = self.trainer
+        if self.fell_back is None and self.fast is None:
+            self._start(prompt_ids, generate)  # falls back (or raises) when the fast path fails there
+        if self.fell_back is not None:  # TRL's generation
+            if not self._fallback_logged:
+                self._fallback_logged = True
+                metrics(trainer, "train")[f"fast_generation/fell_back/{self.fell_back}"].append(1.0)
+            yield
+            return
+        fast, rng, before = self.fast, RNGState(), CompileTrouble.now()
         policy = trainer.accelerator.unwrap_model(trainer.model_wrapped)
         longest = padded_prompt_length(prompt_ids, trainer.args.pad_to_multiple_of)
-        if self.fast is None:
-            self.fast = FastGeneration.setup(trainer, policy, longest)
-        fast = self.fast
         cache_length = None if fast.sizer is None else fast.sizer.fit(longest)
         drop_repeated_input_grad_hooks(policy)
-        with fast.generating(policy, trainer.state.global_step, cache_length) as timing:
-            yield
+        inside = False  # whether the block (TRL's call) has started: its own errors are TRL's, not the fast path's
+        try:
+            with fast.generating(policy, trainer.state.global_step, cache_length) as timing:
+                inside = True
+                yield
+        except TRLGenerationChanged:
+            raise
+        except Exception as error:
+            if inside and error is not fast.generate_error:  # raised by TRL around the call, not by the fast path
+                raise
+            self._fall_back(error, f"in the generation at step {trainer.state.global_step + 1}")
+            rng.restore()
+            return  # the error stops here: the trainer generates this batch again, with TRL's generation
+        self._report_compile_trouble(CompileTrouble.now().since(before))
         if fast.merge is not None and trainer.model.training:
             metrics(trainer, "train")["fast_generation/merge_time"].append(timing["merge_time"])
+
+    def _start(self, prompt_ids: list[list[int]], generate) -> None:
+        """Build the fast path where the model now is (`FastGeneration.setup`) and run it once on `generate`, TRL's
+        generation of the first batch, cut to `PROBE_TOKENS` new tokens (the same prompts: the decode step compiles
+        for the shapes the run then uses, and with `generation_compile` the static cache is allocated in full), every
+        random state put back afterwards. On failure, `_fall_back`."""
+        trainer = self.trainer
+        rng = RNGState()
+        self._trl_generation_config = copy.deepcopy(trainer.generation_config)
+        policy = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+        longest = padded_prompt_length(prompt_ids, trainer.args.pad_to_multiple_of)
+        where = "while setting up, at the first generation"
+        try:
+            self.fast = FastGeneration.setup(trainer, policy, longest)
+            where = "in the probe generation at the start of training"
+            cache_length = None if self.fast.sizer is None else self.fast.sizer.fit(longest)
+            drop_repeated_input_grad_hooks(policy)
+            config = trainer.generation_config
+            kept = config.max_new_tokens, config.min_new_tokens
+            config.max_new_tokens = config.min_new_tokens = min(PROBE_TOKENS, config.max_new_tokens)
+            try:
+                with self.fast.generating(policy, trainer.state.global_step, cache_length):
+                    generate()
+            finally:
+                config.max_new_tokens, config.min_new_tokens = kept
+        except TRLGenerationChanged:
+            raise
+        except Exception as error:
+            self._fall_back(error, where)
+        finally:
+            rng.restore()
+
+    def _fall_back(self, error: Exception, where: str) -> None:
+        """Give up the fast path after `error` (raised `where`): TRL's generation settings put back as they were
+        before `setup`, the merge (its host copy unregistered) and the static caches dropped (the base weights were
+        restored as the merge's block ended), one warning with the cause and the fix (`fallback.fallback_warning`),
+        the cause logged (`fast_generation/fell_back/<cause>`, read by the run doctor). Re-raises `error` with
+        `generation_fallback=False`."""
+        trainer = self.trainer
+        if not trainer.args.generation_fallback:
+            raise error
+        cause = fallback_cause(error)
+        if self._trl_generation_config is not None:
+            trainer.generation_config = self._trl_generation_config
+        if self.fast is not None and isinstance(self.fast.merge, InplaceMerge):
+            self.fast.merge.close()  # its host copy unregistered now, not when the error's traceback lets it go
+        self.fast, self.fell_back, self._fallback_logged = None, cause, True
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()  # the generation copy and the static caches, freed
+        logger.warning(fallback_warning(error, cause, where))
+        metrics(trainer, "train")[f"fast_generation/fell_back/{cause}"].append(1.0)
+
+    def _report_compile_trouble(self, new: CompileTrouble) -> None:
+        """Log what a generation added to torch's counts of `fallback_words.COMPILE_TROUBLE` (`fast_generation/<kind>`,
+        read by the run doctor), and warn the first time each kind is seen."""
+        for kind, (what, fix) in COMPILE_TROUBLE.items():
+            count = getattr(new, kind)
+            if count <= 0:
+                continue
+            metrics(self.trainer, "train")[f"fast_generation/{kind}"].append(float(count))
+            if kind not in self._reported:
+                self._reported.add(kind)
+                logger.warning("Fast generation: %s (step %d). To change: %s.", what,
+                               self.trainer.state.global_step + 1, fix)  # fmt: skip
 
 
 def _check_compile(trainer, policy: torch.nn.Module) -> None:
     """The init-time checks and warnings of `generation_compile` for `policy`.
 
     Raises:
-        ValueError: a model whose `forward` takes no cache, or CUDA without Triton.
+        ValueError: a model whose `forward` takes no cache.
     """
     from peft import PeftModel
 
@@ -274,11 +398,6 @@ def _check_compile(trainer, policy: torch.nn.Module) -> None:
             "(_can_compile_fullgraph is False), so its decode step may break into several graphs and gain "
             "less from compilation.",
             generator.__name__,
-        )
-    if trainer.accelerator.device.type == "cuda" and importlib.util.find_spec("triton") is None:
-        raise ValueError(
-            "generation_compile=True needs Triton for torch.compile on CUDA, which is not installed: "
-            "pip install triton (on Windows: pip install triton-windows)"
         )
 
 

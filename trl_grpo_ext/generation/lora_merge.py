@@ -22,12 +22,16 @@ Supported: PEFT LoRA on `nn.Linear` and bitsandbytes 4-bit linear layers, any nu
 """
 
 import copy
-from contextlib import contextmanager
+import logging
+import weakref
+from contextlib import contextmanager, suppress
 
 import torch
 from peft.tuners.lora import LoraLayer
 from peft.utils import ModulesToSaveWrapper
 from peft.utils.integrations import dequantize_module_weight
+
+logger = logging.getLogger(__name__)
 
 
 def is_quantized_linear(module: torch.nn.Module) -> bool:
@@ -91,6 +95,18 @@ def compute_dtype(model: torch.nn.Module) -> torch.dtype:
 class InplaceMerge:
     """Merge the LoRA adapters into the policy's own base weights for a generation; restore them exactly after.
 
+    The copy of the base weights W₀ lives in host memory as one flat buffer per dtype (`buffers`; the weights of a
+    model usually share one dtype) of exactly the bytes of the adapted layers' base weights, each layer's copy
+    (`backup[name]`, shape (d_out, d_in)) a view into it. With the weights on CUDA the buffers are page-locked, so the
+    restore is a DMA, by registering ordinary host memory with CUDA (`cudaHostRegister`, as torch's own
+    `torch.cuda._pin_memory_utils` does for checkpoint staging), not by `pin_memory=True`: torch's caching host
+    allocator (`ATen/core/CachingHostAllocator.h`) rounds every pinned block up to a power of two (up to
+    `pinned_max_round_threshold`, unbounded by default), which took 3.12 GiB for the 2.44 GiB of Qwen2.5-1.5B's
+    adapted layers with one block per layer, and would take 4 GiB as one block. Registered memory holds the bytes
+    stated (`backup_bytes`), is not counted by `torch.cuda.host_memory_stats`, and is unregistered when the merge is
+    dropped (`close`). If CUDA refuses the registration, the buffers stay pageable (a warning): the restore is then a
+    synchronous copy, still exact.
+
     Args:
         model: a PEFT model (`PeftModel`) with LoRA on unquantized linear layers.
 
@@ -102,13 +118,21 @@ class InplaceMerge:
     def __init__(self, model: torch.nn.Module):
         self.model = model
         self.layers = self.check(model)
-        pin = torch.cuda.is_available() and any(x.get_base_layer().weight.is_cuda for x in self.layers.values())
+        weights = {name: layer.get_base_layer().weight.detach() for name, layer in self.layers.items()}
+        numel = {}  # dtype -> elements of its flat buffer
+        for weight in weights.values():
+            numel[weight.dtype] = numel.get(weight.dtype, 0) + weight.numel()
+        self.buffers = [torch.empty(n, dtype=dtype, device="cpu") for dtype, n in numel.items()]  # (n,) each
+        flat = dict(zip(numel, self.buffers, strict=True))
+        offsets = dict.fromkeys(numel, 0)
         self.backup = {}
-        for name, layer in self.layers.items():
-            weight = layer.get_base_layer().weight.detach()
-            # allocated page-locked (on CUDA) and copied into, so the host holds one copy, and the restore is a DMA
-            self.backup[name] = torch.empty(weight.shape, dtype=weight.dtype, device="cpu", pin_memory=pin)
+        for name, weight in weights.items():
+            start, offsets[weight.dtype] = offsets[weight.dtype], offsets[weight.dtype] + weight.numel()
+            self.backup[name] = flat[weight.dtype][start : offsets[weight.dtype]].view(weight.shape)  # (d_out, d_in)
             self.backup[name].copy_(weight)
+        on_cuda = torch.cuda.is_available() and any(w.is_cuda for w in weights.values())
+        self.close = weakref.finalize(self, _unregister, _register(self.buffers) if on_cuda else [])
+        self.close.atexit = False  # at exit the process's memory goes, registered or not
 
     @staticmethod
     def check(model: torch.nn.Module) -> dict[str, LoraLayer]:
@@ -134,8 +158,8 @@ class InplaceMerge:
         return layers
 
     def backup_bytes(self) -> int:
-        """Host memory the copy of the base weights takes, in bytes."""
-        return sum(t.numel() * t.element_size() for t in self.backup.values())
+        """Host memory the copy of the base weights takes, in bytes: the flat buffers as allocated (and registered)."""
+        return sum(buffer.untyped_storage().nbytes() for buffer in self.buffers)
 
     @contextmanager
     def merged(self):
@@ -157,6 +181,39 @@ class InplaceMerge:
         """Copy every base weight back from the host copy."""
         for name, layer in self.layers.items():
             layer.get_base_layer().weight.copy_(self.backup[name], non_blocking=True)
+
+
+def _register(buffers: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Page-lock host `buffers` for CUDA (`cudaHostRegister`, flag 1: cudaHostRegisterPortable, as torch's
+    `torch.cuda._pin_memory_utils.pin_memory`), exactly their bytes; the ones registered (all, or none and a warning
+    when CUDA refuses, e.g. a locked-memory limit)."""
+    cudart = torch.cuda.cudart()
+    registered = []
+    for buffer in buffers:
+        error = int(cudart.cudaHostRegister(buffer.data_ptr(), buffer.untyped_storage().nbytes(), 1))
+        if error != 0:
+            # torch's binding returns the error but leaves it as the runtime's last error, which the next kernel
+            # launch's check (`cudaGetLastError`) would raise as its own: a launch here reads and clears it.
+            with suppress(RuntimeError):
+                torch.zeros(1, device="cuda")
+            _unregister(registered)
+            logger.warning(
+                "generation_lora_merge='inplace': CUDA could not page-lock the %.2f GiB host copy of the base "
+                "weights (cudaHostRegister error %d); it stays pageable, and each restore is a synchronous copy",
+                sum(b.untyped_storage().nbytes() for b in buffers) / 2**30,
+                error,
+            )
+            return []
+        registered.append(buffer)
+    return registered
+
+
+def _unregister(buffers: list[torch.Tensor]) -> None:
+    """Undo `_register` once no copy from `buffers` is queued; they are freed when the last reference goes."""
+    if buffers:
+        torch.cuda.synchronize()
+    for buffer in buffers:
+        torch.cuda.cudart().cudaHostUnregister(buffer.data_ptr())
 
 
 class GenerationCopy:

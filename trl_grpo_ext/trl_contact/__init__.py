@@ -15,14 +15,16 @@ trl_grpo_ext; its modules split it by role:
                               in TRL's method.
     `accessors`               the only readers and writers of private attributes (`metrics`, `log_total`, `loss_mask`,
                               `micro_step`, `buffered_inputs`, `output_dir`, `grad_norm`, `save_checkpoint`,
-                              `stop_memory_tracking`, `repeat_sampler_fields`, ...)
+                              `stop_memory_tracking`, `repeat_sampler_fields`, `raised_in_training_loop`, ...)
     `loop_state`              `GRPOLoopState`, the training loop's state that TRL and transformers do not checkpoint
     `transformers_internals`  what fast generation uses of transformers' internals (`compile_config_all_devices`,
                               `compiles_in_one_graph`, `generate_cache_argument`, `drop_repeated_input_grad_hooks`)
+    `torch_internals`         what it reads of torch's (`compile_counters`: recompile-limit hits, CUDA-graph skips)
 
 `check_contact_surface()` runs when this package is imported: every private method must exist with the parameters
 it was written against, every private attribute must still be set where it was, every transformers internal of
-`TRANSFORMERS_INTERNALS` must exist, and no hook name may collide with a name TRL has. A mismatch raises
+`TRANSFORMERS_INTERNALS` and torch internal of `TORCH_INTERNALS` must exist, and no hook name may collide with a name
+TRL has. A mismatch raises
 `TRLCompatibilityError` naming the method or attribute and the supported versions, so an upgrade fails at import
 instead of silently changing training. Versions outside `SUPPORTED` whose surface still matches only log a warning.
 
@@ -41,6 +43,7 @@ from .accessors import (
     micro_step,
     output_dir,
     per_token_logps_and_entropies,
+    raised_in_training_loop,
     repeat_sampler_fields,
     save_checkpoint,
     stop_memory_tracking,
@@ -55,11 +58,13 @@ from .surface import (
     PRIVATE_METHODS,
     REPEAT_SAMPLER_FIELDS,
     SUPPORTED,
+    TORCH_INTERNALS,
     TRANSFORMERS_INTERNALS,
     WRITTEN_AGAINST,
     TRLCompatibilityError,
     check_contact_surface,
 )
+from .torch_internals import compile_counters
 from .transformers_internals import (
     compile_config_all_devices,
     compiles_in_one_graph,
@@ -74,6 +79,7 @@ __all__ = [
     "PRIVATE_METHODS",
     "REPEAT_SAMPLER_FIELDS",
     "SUPPORTED",
+    "TORCH_INTERNALS",
     "TRANSFORMERS_INTERNALS",
     "WRITTEN_AGAINST",
     "GRPOLoopState",
@@ -82,6 +88,7 @@ __all__ = [
     "buffered_inputs",
     "check_contact_surface",
     "compile_config_all_devices",
+    "compile_counters",
     "compiles_in_one_graph",
     "drop_repeated_input_grad_hooks",
     "generate_cache_argument",
@@ -94,6 +101,7 @@ __all__ = [
     "micro_step",
     "output_dir",
     "per_token_logps_and_entropies",
+    "raised_in_training_loop",
     "repeat_sampler_fields",
     "save_checkpoint",
     "stop_memory_tracking",

@@ -1,6 +1,9 @@
 """The readers and writers of TRL's and transformers' private trainer attributes and methods (the only ones in the
 package): TRL's metrics, the loss mask, the micro-step counter, the buffered generation batch, the checkpoint folder,
-the gradient norm, writing a checkpoint, the memory tracker, the fields of TRL's `RepeatSampler`."""
+the gradient norm, writing a checkpoint, the memory tracker, the fields of TRL's `RepeatSampler`, whether an error
+came from the training loop."""
+
+import traceback
 
 import torch
 import transformers
@@ -96,3 +99,11 @@ def to_device(value, device: torch.device):
     if isinstance(value, list | tuple):
         return type(value)(to_device(item, device) for item in value)
     return value
+
+
+def raised_in_training_loop(error: BaseException) -> bool:
+    """Whether `error` was raised inside transformers' training loop (`Trainer._inner_training_loop` is on its
+    traceback): after the model, data and optimizer were set up, while steps run (a reward function, a training step,
+    a callback, a checkpoint). The checks `Trainer.train` makes before it (a resume path) are not in it."""
+    loop = transformers.Trainer._inner_training_loop.__code__
+    return any(frame.f_code is loop for frame, _ in traceback.walk_tb(error.__traceback__))

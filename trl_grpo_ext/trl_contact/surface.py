@@ -61,6 +61,8 @@ PRIVATE_METHODS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     # called, not overridden
     "_get_grad_norm": ("transformers 5.24.0 Trainer", ("self", "model"), ()),
     "_get_output_dir": ("transformers 5.24.0 Trainer", ("self", "trial"), ()),
+    # looked for on a traceback (`accessors.raised_in_training_loop`)
+    "_inner_training_loop": ("transformers 5.24.0 Trainer", ("self", "batch_size"), ()),
 }
 # instance attributes read or written, and the class whose source sets them (trl 1.16.0 GRPOTrainer, transformers
 # 5.24.0 Trainer: `ATTRIBUTE_OWNERS`)
@@ -80,6 +82,10 @@ TRANSFORMERS_INTERNALS = (
     "CompileConfig._compile_all_devices",  # compile the decode step off CUDA
     "PreTrainedModel._can_compile_fullgraph",  # whether a model class compiles in one graph
     "PreTrainedModel.enable_input_require_grads registers make_inputs_require_grads",  # the hook found by name
+)
+# torch internals fast generation reads (`torch_internals.compile_counters`), written against torch 2.13
+TORCH_INTERNALS = (
+    "torch._dynamo.utils.counters",  # dynamo's and inductor's running counts: recompile-limit hits, CUDA-graph skips
 )
 REPEAT_SAMPLER_FIELDS = ("generator", "seed", "num_samples", "shuffle")
 
@@ -108,8 +114,8 @@ def check_contact_surface(
     Raises:
         TRLCompatibilityError: a method is missing or its leading parameters differ, a needed keyword parameter is
             gone, a private attribute is no longer set by the class that set it, a sampler field is missing, a
-            transformers internal is gone, or a hook name is taken by TRL. The message names it, the version it
-            was written against and the supported versions.
+            transformers or torch internal is gone, or a hook name is taken by TRL. The message names it, the
+            version it was written against and the supported versions.
     """
     problems = []
     for name, (owner, leading, named) in PRIVATE_METHODS.items():
@@ -136,6 +142,7 @@ def check_contact_surface(
     sampler = sampler_class(range(2), mini_repeat_count=1, seed=0)
     problems += [f"RepeatSampler has no field {f!r}" for f in REPEAT_SAMPLER_FIELDS if not hasattr(sampler, f)]
     problems += _missing_transformers_internals(compile_config_class, model_class)
+    problems += _missing_torch_internals()
     if problems:
         raise TRLCompatibilityError(
             "trl_grpo_ext does not fit this TRL/transformers (" + _versions() + "): " + "; ".join(problems)
@@ -156,3 +163,13 @@ def _missing_transformers_internals(compile_config_class: type | None, model_cla
     )
     return [f"transformers {name} is gone (written against 5.24.0)" for name, ok in zip(TRANSFORMERS_INTERNALS, found,
                                                                                    strict=True) if not ok]  # fmt: skip
+
+
+def _missing_torch_internals() -> list[str]:
+    """The entries of `TORCH_INTERNALS` this torch lacks, as problems."""
+    from torch._dynamo import utils
+
+    counters = getattr(utils, "counters", None)
+    if isinstance(counters, dict) and isinstance(counters["inductor"], dict):
+        return []
+    return ["torch._dynamo.utils.counters is gone or no longer a mapping of counts (written against torch 2.13)"]
