@@ -18,9 +18,11 @@ demo: $(VENV)/.installed
 # The suite on $(TEST_WORKERS) pytest-xdist workers, one torch thread each (tests/conftest.py): its training runs are
 # tiny and gain nothing from a second thread, so 2 workers on 2 cores finish in about 0.6 of one's time. The shared
 # two-process job (tests/two_process.py) runs once, in the first worker that needs it. TEST_WORKERS=0: one process.
+# TESTS: what pytest collects (`make test TESTS=tests/test_rewards.py` runs one file; ARGS add options such as -k).
 TEST_WORKERS ?= 2
+TESTS ?= tests
 test: $(VENV)/.installed
-	$(PY) -m pytest tests -n $(TEST_WORKERS) $(ARGS)
+	$(PY) -m pytest $(TESTS) -n $(TEST_WORKERS) $(ARGS)
 
 # The tests that exercise every contact with TRL's and transformers' private API (trl_grpo_ext/trl_contact/), one
 # run each: the import-time check; stock equivalence (the forwarding overrides); exact resume inside a generation

@@ -5,9 +5,14 @@
         --dataset_path ../shared/data/gsm8k
 
 Reports greedy pass@1 accuracy, strict (final answer in `\\boxed{}`, the trained format) and lenient (the answer
-anywhere in the completion), and with `--maj_k K` the majority vote over K sampled completions. Prints a table and
-writes the figures and every greedy completion to `--output_file` (default `<model folder or .>/eval_gsm8k.json`, so
-the `eval_results.json` a training run writes is kept).
+anywhere in the completion), and with `--maj_k K` the majority vote over K sampled completions. Prints a progress line
+a batch (problems done, time elapsed and left), then a table, and writes the figures, every completion and the
+decoding settings used (`"generation"`) to `--output_file` (default `<model folder or .>/eval_gsm8k.json`, so the
+`eval_results.json` a training run writes is kept).
+
+Decoding takes nothing from the model's `generation_config.json` (a Qwen2.5 Instruct checkpoint's repetition penalty,
+top-k, top-p and temperature): greedy is argmax, maj@k samples at `--temperature` over the whole vocabulary
+(`trl_grpo_ext.gsm8k.eval_generation`).
 
 Errors: the model path and the data are checked before the model is loaded. A user error (a missing model or run
 folder, bad data, an unknown option: "did you mean `--max_new_tokens`?") prints one line, `eval_gsm8k.py: error:
@@ -50,7 +55,7 @@ class EvalArguments:
     maj_k: int = field(default=0, metadata={"help": "Also report maj@k over K sampled completions (K > 1)."})
     temperature: float = field(default=0.7, metadata={"help": "Sampling temperature for maj@k."})
     dtype: str = field(default="auto", metadata={"help": "Weights dtype: auto, bfloat16, float16, float32."})
-    seed: int = field(default=42, metadata={"help": "Random seed (maj@k sampling)."})
+    seed: int = field(default=42, metadata={"help": "maj@k sampling seed: a batch's is seed + its first index."})
     output_file: str | None = field(default=None, metadata={"help": "JSON results path."})
     chat_template_kwargs: str | None = field(
         default=None,
@@ -93,7 +98,8 @@ def main(args: EvalArguments) -> dict:
     set_seed(args.seed)
     model, tokenizer = load_model_for_eval(args.model_name_or_path, dtype=args.dtype)
     results = evaluate_gsm8k(model, tokenizer, dataset, args.max_new_tokens, args.batch_size, maj_k=args.maj_k,
-                             temperature=args.temperature, chat_template_kwargs=chat_template_kwargs)  # fmt: skip
+                             temperature=args.temperature, chat_template_kwargs=chat_template_kwargs,
+                             seed=args.seed)  # fmt: skip
     results["model"] = args.model_name_or_path
     output_file = args.output_file
     if output_file is None:

@@ -9,8 +9,11 @@ Launch (any `GRPOConfig`, `ModelConfig` or script field can be overridden on the
 Data: the Hub dataset `openai/gsm8k` (config `main`) by default; `--dataset_path DIR` reads GSM8K-format
 `train.jsonl` / `test.jsonl` from a local folder; `--synthetic_problems N` uses N seeded generated problems instead
 (the CPU demo). After training, the model is evaluated on `--eval_limit` test problems (greedy pass@1, strict and
-lenient) and `eval_results.json` is written to `output_dir`. Relaunching a finished run with
-`--resume_from_checkpoint true` (a requeued job) trains, saves and evaluates nothing and says the run is complete.
+lenient: argmax decoding, whatever the checkpoint's generation_config.json sets), its batches of `--eval_batch_size`
+shared over the processes, a progress line a batch; `eval_results.json` (with the decoding settings used) is written
+to `output_dir`. Relaunching a finished run with `--resume_from_checkpoint true` (a requeued job) trains, saves and
+evaluates nothing and says the run is complete. SIGTERM (a scheduler stopping the job) is handled as Ctrl-C is, and
+saves a checkpoint of the step in progress first: one line says how to resume.
 
 Errors: everything that needs no model is checked before one is built or loaded (the config file and every key in it
 or on the command line, with "did you mean `policy_group_column`?", the values, the packages, the reward names, the
@@ -30,6 +33,7 @@ sizes, learning rate, rewards, dtype and memory settings stay the preset's (docs
 """
 
 import dataclasses
+import signal
 import sys
 
 from trl_grpo_ext.cli import errors
@@ -43,6 +47,7 @@ from pathlib import Path
 from datasets import Dataset
 from transformers import PrinterCallback, ProgressCallback
 from trl import ModelConfig, TrlParser, get_peft_config, get_quantization_config
+from trl.models import unwrap_model_for_generation
 from trl.rewards import get_soft_overlong_punishment
 
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
@@ -198,7 +203,9 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
 
     # Model: a local tiny one for the demo and tests, else model_name_or_path (Hub id or folder). On a GPU, a warning
     # first if the run is estimated not to fit the card (`trl-grpo-ext memory --config ...` prints the breakdown).
-    presets.warn_if_too_big(model_args, training_args, None if training_args.use_cpu else presets.cuda_card_gib())
+    card = None if training_args.use_cpu else presets.cuda_card_gib()
+    evaluated = script_args.eval_batch_size if script_args.eval_limit > 0 else None
+    presets.warn_if_too_big(model_args, training_args, card, eval_batch_size=evaluated)
     if script_args.tiny_model:
         tiny_dir = Path(training_args.output_dir).resolve() / "tiny-model"  # absolute: adapters record this path
         with training_args.main_process_first(desc="build tiny model"):
@@ -233,8 +240,10 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
     with errors.training_errors(training_args.output_dir):
         try:
             trainer.train(resume_from_checkpoint=True if str(resume).lower() == "true" else resume)
-        except KeyboardInterrupt:  # Ctrl-C: the entry point says which checkpoint is complete and how to resume
-            raise errors.Interrupted(training_args.output_dir, trainer.state.global_step, __file__) from None
+        except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (its checkpoint saved): the entry point says
+            # which checkpoint is complete and how to resume
+            number = getattr(interrupt, "signal_number", signal.SIGINT)
+            raise errors.Interrupted(training_args.output_dir, trainer.state.global_step, __file__, number) from None
     if trainer.run_already_complete:  # a finished job relaunched: its saved model and evaluation stay as they are
         print(f"Run already complete at step {trainer.state.global_step}: nothing saved or evaluated")
         trainer.end()
@@ -243,16 +252,19 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
         trainer.save_model(training_args.output_dir)
 
         results = {}
-        if eval_dataset is not None and trainer.accelerator.is_main_process:
-            model = trainer.accelerator.unwrap_model(trainer.model).eval()
-            results = evaluate_gsm8k(
-                model,
-                trainer.processing_class,
-                eval_dataset,
-                max_new_tokens=training_args.max_completion_length,
-                batch_size=script_args.eval_batch_size,
-                chat_template_kwargs=training_args.chat_template_kwargs,  # prompts as training formatted them
-            )
+        if eval_dataset is not None:  # every process evaluates its share of the problems; all get the results
+            with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
+                results = evaluate_gsm8k(
+                    model.eval(),
+                    trainer.processing_class,
+                    eval_dataset,
+                    max_new_tokens=training_args.max_completion_length,
+                    batch_size=script_args.eval_batch_size,
+                    chat_template_kwargs=training_args.chat_template_kwargs,  # prompts as training formatted them
+                    seed=training_args.seed,
+                    accelerator=trainer.accelerator,
+                )
+        if results and trainer.accelerator.is_main_process:
             path = write_results(results, training_args.output_dir)
             print(format_table(results))
             print(f"Saved {path}")

@@ -6,9 +6,11 @@ The expectations below are written out by hand for each field (not derived from 
 
 import math
 import re
+import warnings
 
 import pytest
 
+from tests.conftest import small_grpo_kwargs
 from trl_grpo_ext import GRPOConfig
 from trl_grpo_ext.config import own_fields
 
@@ -296,3 +298,16 @@ def test_trl_counts_of_zero_are_refused_before_trl_divides_by_them(name):
         GRPOConfig(output_dir="/tmp/unused", use_cpu=True, bf16=False, **{name: 0})
     with pytest.raises(ValueError, match=r"^temperature must be > 0 .*, got 0.0$"):
         GRPOConfig(output_dir="/tmp/unused", use_cpu=True, bf16=False, temperature=0.0)
+
+
+def test_a_temperature_in_generation_kwargs_warns_that_log_probabilities_use_temperature(tmp_path):
+    """TRL samples at generation_kwargs' temperature but computes the log-probabilities and the entropy at its own
+    `temperature`: a different one is a warning at config time; the same one, or none, is not."""
+    with pytest.warns(UserWarning, match=r"generation_kwargs temperature=0\.7 samples the completions, but the log-pro"
+                      r"babilities, the entropy and the entropy target are computed at temperature=1\.0"):  # fmt: skip
+        GRPOConfig(**small_grpo_kwargs(tmp_path, generation_kwargs={"temperature": 0.7}))
+    for kwargs in ({"temperature": 1.0}, {"top_p": 0.9}, None):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            GRPOConfig(**small_grpo_kwargs(tmp_path, generation_kwargs=kwargs))
+        assert not [w for w in caught if "generation_kwargs temperature" in str(w.message)], kwargs

@@ -346,6 +346,25 @@ def test_target_mode_raises_the_coefficient_by_the_pi_law(tmp_path, tiny_model_d
     assert trainer.entropy_reg_state.controller.integral["all"] == pytest.approx(e1 + e2)
 
 
+def test_the_logged_loss_is_split_into_its_policy_and_entropy_parts(tmp_path, tiny_model_dir):
+    """Under `target` the logged loss is TRL's loss plus the bonus −c·H, mostly the bonus here (c ≈ 0.06 at 8 − 6.2
+    nats of error, H ≈ 6.2 nats): both parts are logged, and they add up to it (one micro-batch a step, so the logged
+    loss is that micro-batch's; transformers rounds it to 4 decimals)."""
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=2), entropy_reg="target", entropy_target=8.0,
+                      entropy_pi_kp=0.02, entropy_pi_ki=0.005)  # fmt: skip
+    trainer = GRPOTrainer(tiny_model_dir, length_reward, args, _dataset())
+    trainer.train()
+    for row in trainer.state.log_history[:-1]:
+        bonus = -row["entropy_reg/coef"] * row["entropy"]  # the bonus at the step's coefficient, in nats
+        assert row["loss/entropy_reg"] == pytest.approx(bonus, rel=1e-4)
+        assert abs(row["loss/entropy_reg"]) > abs(row["loss/policy"])
+        assert row["loss"] == pytest.approx(row["loss/policy"] + row["loss/entropy_reg"], abs=1e-4)
+    plain = GRPOTrainer(tiny_model_dir, length_reward, GRPOConfig(**small_grpo_kwargs(tmp_path / "b", max_steps=1),
+                        entropy_reg="clip_cov"), _dataset())  # fmt: skip
+    plain.train()
+    assert not any(key.startswith("loss/") for key in plain.state.log_history[0])  # no term added: no parts
+
+
 def test_a_steps_coefficient_is_set_from_its_own_entropy_before_its_loss(tmp_path, tiny_model_dir):
     """The controller measures an optimizer step's entropy before the step's bonus enters the loss (here in the
     loss's own forward pass: one micro-batch a step), so step 1 already carries the coefficient its entropy sets: the

@@ -2,6 +2,7 @@
 `<output_dir>/error.log`, which holds the full traceback and the versions; a bug is raised with its traceback, which
 ends with the log's path; config-time errors stay one line and write no log."""
 
+import os
 import re
 import sys
 
@@ -123,16 +124,23 @@ def test_the_grpo_command_names_the_log_of_an_error_in_training(tmp_path, tiny_m
     sys.modules.pop("exploding_rewards", None)
 
 
-def test_only_the_main_process_writes_and_a_log_that_cannot_be_written_changes_nothing(tmp_path, monkeypatch):
+def test_each_process_writes_its_own_log_and_a_log_that_cannot_be_written_changes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "1")  # an error on another process only: its own log, named in its line
+    with (
+        pytest.raises(ValueError, match="late") as raised,
+        errors.training_errors(str(tmp_path / "one"), started=True),
+    ):
+        raise ValueError("late")
+    assert raised.value.error_log == str(tmp_path / "one" / "error.log.1")
+    assert "ValueError: late" in (tmp_path / "one" / "error.log.1").read_text()
+    assert f"working folder: {os.getcwd()}" in (tmp_path / "one" / "error.log.1").read_text()
+    assert not (tmp_path / "one" / "error.log").exists()
     blocked = tmp_path / "a-file"
     blocked.write_text("")
-    for output_dir, rank in [(tmp_path / "run", "1"), (blocked / "run", "0")]:  # another process; not a folder
-        monkeypatch.setenv("RANK", rank)
-        with pytest.raises(ValueError, match="late") as raised, errors.training_errors(str(output_dir), started=True):
-            raise ValueError("late")
-        assert not hasattr(raised.value, "error_log") and not hasattr(raised.value, "__notes__")
-    assert not (tmp_path / "run").exists()
     monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ValueError, match="late") as raised, errors.training_errors(str(blocked / "run"), started=True):
+        raise ValueError("late")  # not a folder: nothing written, the error as it was
+    assert not hasattr(raised.value, "error_log") and not hasattr(raised.value, "__notes__")
     with pytest.raises(ValueError), errors.training_errors(str(tmp_path / "run")):  # not in training: no log
         raise ValueError("before")
     assert not (tmp_path / "run").exists()

@@ -7,6 +7,7 @@ raises instead; the compiled decode step's recompile-limit hits are reported."""
 import functools
 import logging
 import math
+import weakref
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from trl_grpo_ext.doctor import diagnose
 from trl_grpo_ext.fallback_words import CAUSES
 from trl_grpo_ext.generation import lora_merge, static_cache
 from trl_grpo_ext.generation.fallback import fallback_cause
+from trl_grpo_ext.generation.feature import FastGeneration
 from trl_grpo_ext.trl_contact import TRLContact
 
 LEVERS = {"generation_compile": True, "generation_lora_merge": "inplace"}  # the whole fast path: merge, cache, compile
@@ -79,13 +81,13 @@ def _backend(fail_compile: int | None = None, fail_call: int | None = None, erro
     def backend(graph, example_inputs):
         compiles.append(1)
         if len(compiles) == fail_compile:
-            raise error
+            raise type(error)(*error.args)  # a new one: a raised error holds its frames (the fast path) until freed
         compiled = lookup_backend("aot_eager")(graph, example_inputs)
 
         def run(*args):
             calls.append(1)
             if len(calls) == fail_call:
-                raise error
+                raise type(error)(*error.args)
             return compiled(*args)
 
         return run
@@ -149,6 +151,15 @@ def test_a_failure_at_each_stage_falls_back_to_stock_generation(
     is logged once, and the doctor reports it."""
     inject, cause, logged_at = STAGES[stage]
     inject(monkeypatch)
+    built = []  # a weak reference to each fast path built: freed once fallen back, before TRL's generation runs
+    setup = FastGeneration.setup.__func__
+
+    def watched_setup(cls, *args):
+        fast = setup(cls, *args)
+        built.append(weakref.ref(fast))
+        return fast
+
+    monkeypatch.setattr(FastGeneration, "setup", classmethod(watched_setup))
     trainer = _trainer(tiny_model_dir, tmp_path, **LEVERS, run_doctor=True)
     base = _base(trainer)
     with caplog.at_level(logging.WARNING, logger="trl_grpo_ext.generation.feature"):
@@ -171,6 +182,11 @@ def test_a_failure_at_each_stage_falls_back_to_stock_generation(
     warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith(WARNING)]
     assert len(warnings) == 1, warnings
     assert CAUSES[cause][0] in warnings[0] and CAUSES[cause][1] in warnings[0]
+    log = tmp_path / "fast_generation_fallback.log"  # the full traceback, which the warning names
+    assert (
+        warnings[0].endswith(f"The full traceback: {log}.") and "Traceback (most recent call last)" in log.read_text()
+    )
+    assert all(ref() is None for ref in built) and len(built) == (0 if stage == "setup" else 1)
     key = f"fast_generation/fell_back/{cause}"
     assert [row["step"] for row in trainer.state.log_history if key in row] == [logged_at]
     findings = diagnose(trainer.state.log_history, {"generation_compile": True}, checks=["fast_generation"]).findings

@@ -2,6 +2,7 @@
 non-finite guard, resume, config checks, LoRA and the DeepSpeed path (with a stand-in engine)."""
 
 import copy
+import logging
 import math
 from collections import defaultdict
 from types import SimpleNamespace
@@ -233,14 +234,19 @@ def test_zclip_bounds_a_gradient_spike(tiny_model_dir, tmp_path):
     assert all(applied <= 5.0 for applied in recorder.applied_norms)
 
 
-def test_nonfinite_step_is_skipped_and_training_goes_on(tiny_model_dir, tmp_path):
+def test_nonfinite_step_is_skipped_and_training_goes_on(tiny_model_dir, tmp_path, caplog):
     trainer = _trainer(
         tmp_path, tiny_model_dir, _TamperedTrainer, factors={1: math.nan}, grad_reg=["skip_nonfinite"],
         lr_scheduler_type="constant",
     )  # fmt: skip
     recorder = _Recorder(watch_step=1)
     trainer.add_callback(recorder)
-    trainer.train()
+    with caplog.at_level(logging.WARNING, logger="trl_grpo_ext.grad_reg.feature"):
+        trainer.train()
+    # numbered as logged: the second step (global_step 1 while it is taken) is the one logged with a NaN grad_norm
+    assert [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()] == [
+        "grad_reg: gradient norm nan at step 2: optimizer step skipped (1 in a row, 1 in all)"
+    ]
 
     assert trainer.state.global_step == 3
     (params_before, optim_before), (params_after, optim_after) = (

@@ -535,3 +535,13 @@ def test_on_cuda_the_two_resident_static_caches_take_what_the_estimate_counts(ti
         expected = memory.kv_cache_bytes(model.config, sequences, length)
         assert expected <= held <= expected + 2 * layers * 512, (sequences, held, expected)
     assert len(caches.caches) == 2  # both kept for the run
+
+
+def test_the_memory_command_counts_the_recipes_end_of_run_evaluation():
+    """`trl-grpo-ext memory --config` and the recipe's fit warning estimate the evaluation at the YAML's
+    `eval_batch_size` (the command line over the file over the recipe's default of 16), none with `eval_limit` 0."""
+    configs = REPO_ROOT / "recipes" / "configs"
+    assert presets.recipe_eval_batch_size(configs / "gsm8k-24gb.yaml") == 32
+    assert presets.recipe_eval_batch_size(configs / "gsm8k-24gb.yaml", "--eval_batch_size", "8") == 8
+    assert presets.recipe_eval_batch_size(configs / "gsm8k-24gb.yaml", "--eval_limit", "0") is None
+    assert presets.recipe_eval_batch_size(configs / "demo_cpu.yaml") == 16  # eval_limit 16, the default batch

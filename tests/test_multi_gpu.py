@@ -226,6 +226,25 @@ def test_fast_generation_is_refused_with_accelerates_deepspeed_config_file(tmp_p
     check_generation_engine(args)
 
 
+@pytest.mark.parametrize("flag", ["1", "yes", "TRUE"])
+def test_a_launch_flag_is_read_as_accelerate_and_transformers_read_it(monkeypatch, flag):
+    """transformers' `strtobool` takes ACCELERATE_USE_DEEPSPEED=1 as on (and builds the DeepSpeed plugin), accelerate's
+    `parse_flag_from_env` ACCELERATE_USE_FSDP=1: the refusal reads them the same way."""
+    args = fast_config(generation_compile=True)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", flag)
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    with pytest.raises(
+        ValueError, match=re.escape("(DeepSpeed ZeRO-3, from accelerate launch's ACCELERATE_DEEPSPEED")
+    ):
+        check_generation_engine(args)
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", flag)
+    with pytest.raises(ValueError, match=re.escape("(FSDP, from accelerate launch's ACCELERATE_USE_FSDP)")):
+        check_generation_engine(args)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "0")
+    check_generation_engine(args)
+
+
 def test_a_config_without_fast_generation_does_not_read_the_launch(monkeypatch):
     def read(args):
         raise AssertionError("the launch was read")

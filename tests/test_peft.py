@@ -68,3 +68,32 @@ def test_lora_with_gradient_checkpointing(tiny_model_dir, tmp_path):
     changed, _ = _train_and_diff(trainer)
     assert changed and all("lora_" in n for n in changed)
     assert all(row["grad_norm"] > 0 for row in trainer.state.log_history if "grad_norm" in row)
+
+
+def test_an_adapter_loaded_frozen_is_refused_with_the_cause_and_the_fix(tiny_model_dir, tmp_path):
+    """PEFT's `PeftModel.from_pretrained(base, adapter_dir)` loads the adapters with `is_trainable=False`: stock TRL
+    trains such a model for as many steps as asked, its optimizer holding no parameter (huggingface/trl#6700). The
+    trainer refuses it at init; loaded with `is_trainable=True`, the same adapter trains."""
+    from peft import PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    adapter_dir = tmp_path / "adapter"
+    get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=4)).save_pretrained(adapter_dir)
+    dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(16)))
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path / "run", max_steps=1))
+
+    frozen = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), adapter_dir)
+    assert not any(p.requires_grad for p in frozen.parameters())
+    with pytest.raises(ValueError, match=r"loaded without is_trainable=True .* is_trainable=True\), or pass the base"):
+        GRPOTrainer(model=frozen, reward_funcs=[length_reward], args=args, train_dataset=dataset)
+
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir).requires_grad_(False)
+    with pytest.raises(ValueError, match=r"\(Qwen2ForCausalLM\) has no trainable parameter"):
+        GRPOTrainer(model=plain, reward_funcs=[length_reward], args=args, train_dataset=dataset)
+
+    trainable = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), adapter_dir,
+                                          is_trainable=True)  # fmt: skip
+    changed, _ = _train_and_diff(
+        GRPOTrainer(model=trainable, reward_funcs=[length_reward], args=args, train_dataset=dataset)
+    )
+    assert changed and all("lora_" in n for n in changed)

@@ -382,12 +382,8 @@ RUNNING_TEXT = [
     ("comma_millions", "9,500,000.", "9500000", "9500000"),
     ("comma_with_decimals", "1,234.5.", "1234.5", "1234.5"),
     ("space_group", "9 500.", "9500", "9500"),  # math-verify's own plain-text rule
-    # lists are not merged into one number
-    ("list_spaced", "3, 4, 6", "6", "6"),
-    ("list_tight", "3,4,6", "6", "6"),  # was "3.4" (read as a decimal comma)
-    ("list_with_group_size_item", "3, 400, 6", "6", "6"),
-    ("list_latex_comma", "3{,}4{,}6", "6", "6"),  # was "3"
-    ("grouped_then_more", "9{,}500 and 6", "6", "6"),
+    # lists ("3, 4, 6", "3,4,6", "3{,}4{,}6", "9{,}500 and 6") are candidates, not one answer (issue #58): no reading
+    # of them scores, merged or not, see test_reward_hedges.test_no_candidate_of_a_hedge_scores
     # no regressions on plain expressions and subscripts
     ("expression_with_parentheses", "3*(4+10)", "42", "3*(4+10)"),
     ("subscript", "x_1 = 42", "42", "42"),

@@ -7,6 +7,7 @@ checks TRL's counts and then each part.
 """
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 
 from trl.trainer.grpo_config import GRPOConfig as TRLGRPOConfig  # TRL's class, also after register()
@@ -98,12 +99,24 @@ class GRPOConfig(*(part.fields for part in reversed(FEATURE_CONFIGS)), TRLGRPOCo
                 check(self)
 
     def _check_trl_fields(self) -> None:
-        """Values of transformers' and TRL's own fields that they accept but that cannot mean what was asked."""
+        """Values of transformers' and TRL's own fields that they accept but that cannot mean what was asked; a
+        warning (`UserWarning`) for a temperature in `generation_kwargs` other than `temperature`."""
         steps = self.max_steps
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < -1:
             raise ValueError(
                 f"max_steps must be a number of optimizer steps >= 1, or -1 (or 0) to train for num_train_epochs, "
                 f"got {steps!r}"
+            )
+        sampled = (self.generation_kwargs or {}).get("temperature")
+        if sampled is not None and sampled != self.temperature:
+            # TRL passes generation_kwargs to generate, over its own temperature, but scales the logits of its
+            # log-probabilities and entropies by `temperature` (`_get_per_token_logps_and_entropies`)
+            warnings.warn(
+                f"generation_kwargs temperature={sampled!r} samples the completions, but the log-probabilities, the "
+                f"entropy and the entropy target are computed at temperature={self.temperature!r} (TRL's field): set "
+                f"temperature={sampled!r} and drop it from generation_kwargs",
+                UserWarning,
+                stacklevel=3,
             )
 
     @classmethod

@@ -13,9 +13,10 @@ CAUSES = {
         "(`trl-grpo-ext memory --config ...` estimates each term)",
     ),
     "no_compiler": (
-        "torch.compile could not build its kernels: no C compiler or no Python headers (Python.h) for Triton's "
-        "launcher, as in slim Docker images and WSL",
-        "install a C compiler and Python's headers (Debian/Ubuntu: apt install gcc python3-dev), or set "
+        "torch.compile could not build its kernels: no working compiler (on a GPU Triton builds its launcher with a "
+        "C compiler and Python's headers, Python.h; on a CPU inductor needs a C++ compiler), as in slim Docker images "
+        "and WSL",
+        "install the compilers and Python's headers (Debian/Ubuntu: apt install build-essential python3-dev), or set "
         "generation_compile=False",
     ),
     "no_triton": (

@@ -36,6 +36,7 @@ from .resume import (
     save_resume_state,
     write_manifest,
 )
+from .termination import TerminationHandler, TrainingTerminated
 from .trl_contact import GRPOLoopState, TRLContact, output_dir, stop_memory_tracking
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,30 @@ STEP = {
     # the state saved in checkpoints and restored on resume
     "checkpoint": ("policy_groups", "prompt_skip", "entropy_reg", "grad_reg"),
 }
+
+
+def _check_trainable(model) -> None:
+    """Refuse a policy with no trainable parameter: the optimizer would hold none and every step change nothing, while
+    the logged loss and gradient norm move as if it learnt (TRL trains it without a word, huggingface/trl#6700).
+
+    Raises:
+        ValueError: naming the cause and the fix; for a PEFT model, the adapters loaded frozen (PEFT's
+            `PeftModel.from_pretrained` loads them with `is_trainable=False` unless told otherwise).
+    """
+    if any(p.requires_grad for p in model.parameters()):
+        return
+    from peft import PeftModel
+
+    if isinstance(model, PeftModel):
+        raise ValueError(
+            "the model has no trainable parameter: its LoRA adapters were loaded without is_trainable=True "
+            "(PeftModel.from_pretrained's default freezes them), so training would change nothing; load them with "
+            "PeftModel.from_pretrained(base, adapter_dir, is_trainable=True), or pass the base model with peft_config"
+        )
+    raise ValueError(
+        f"the model ({type(model).__name__}) has no trainable parameter (requires_grad is False for all of them), so "
+        "training would change nothing: unfreeze the parameters to train, or pass peft_config to train LoRA adapters"
+    )
 
 
 def step_features(step: dict[str, tuple[str, ...]]) -> tuple[type[Feature], ...]:
@@ -143,7 +168,8 @@ class GRPOTrainer(TRLContact):
     else.
 
     Raises:
-        ValueError: policy grouping with an iterable or missing training dataset; a column that a reward function
+        ValueError: a model with no trainable parameter (a PEFT model loaded without `is_trainable=True`; after the
+            model loads); policy grouping with an iterable or missing training dataset; a column that a reward function
             or `policy_group_column` reads missing from the training dataset (the message names the column, the
             function and the dataset's columns; raised before the model is loaded); `generation_compile` with
             `tools` or `environment_factory` (before the model is loaded); `grad_reg` with `agc` under
@@ -185,6 +211,7 @@ class GRPOTrainer(TRLContact):
             needed_by = next((name for name, value in settings.items() if value is not None), "prompt_skip")
             train_dataset = with_row_column(train_dataset, needed_by)
         super().__init__(model, reward_funcs, args, train_dataset, *more, **kwargs)
+        _check_trainable(self.model)
         self.policy_group_fn = policy_group_fn
         self.run_already_complete = False  # set by `train`
         self.features: dict[str, Feature] = {}  # the features that are on, by name, in the order `STEP` names them
@@ -321,9 +348,13 @@ class GRPOTrainer(TRLContact):
         one). Returns `TrainOutput(global_step=<the checkpoint's>, training_loss=nan, metrics)`: no step ran, so
         there is no loss, as transformers' `train_loss` covers only the steps of the call.
 
+        SIGTERM during training (a scheduler stopping the job) is handled like Ctrl-C (`termination`): the step in
+        progress finishes, its checkpoint is saved, and `TrainingTerminated` (a `KeyboardInterrupt`) is raised.
+
         Raises:
             ValueError: `resume_from_checkpoint` names a checkpoint that is incomplete (says which file), or is True
                 and `output_dir` holds no complete checkpoint.
+            TrainingTerminated: SIGTERM arrived; the checkpoint of the last step done is saved.
         """
         start_time = time.time()
         self.run_already_complete = False
@@ -352,10 +383,27 @@ class GRPOTrainer(TRLContact):
             logger.warning(
                 "Resuming from %s (step %d)", resume_from_checkpoint, checkpoint_step(resume_from_checkpoint)
             )
+        termination = TerminationHandler(self.accelerator)  # SIGTERM: a checkpoint at the step's end, then stop
+        installed = termination.install()
+        if installed:
+            self.add_callback(termination)
         try:
-            return super().train(resume_from_checkpoint, *more, **kwargs)
+            output = super().train(resume_from_checkpoint, *more, **kwargs)
         except RunAlreadyComplete as complete:
             return self._end_complete_run(complete, start_time)
+        finally:
+            if installed:
+                termination.uninstall()
+                self.remove_callback(termination)
+        if termination.received is not None:
+            logger.warning(
+                "Stopped by signal %d (SIGTERM) after step %d, whose checkpoint is saved in %s",
+                termination.received,
+                self.state.global_step,
+                self.args.output_dir,
+            )
+            raise TrainingTerminated(termination.received, self.state.global_step)
+        return output
 
     def _end_complete_run(self, complete: RunAlreadyComplete, start_time: float) -> TrainOutput:
         """Undo what transformers set up for training (as its end of training does) and report the finished run."""

@@ -116,8 +116,9 @@ def _memory(argv: list[str]) -> int:
         )
     model_config = presets.architecture_config(args.model_config or model_args.model_name_or_path)
     result = memory.estimate_for(
-        model_config, training_args, model_args, prompt_length=args.prompt_length, card_gib=args.card_gib
-    )
+        model_config, training_args, model_args, prompt_length=args.prompt_length, card_gib=args.card_gib,
+        eval_batch_size=presets.recipe_eval_batch_size(args.config, *overrides),
+    )  # fmt: skip
     method = "full fine-tuning"
     if model_args.use_peft:
         weights = {"float16": "fp16", "float32": "fp32"}.get(str(model_args.dtype), "bf16")

@@ -32,6 +32,7 @@ import os
 import platform
 import re
 import shlex
+import signal
 import sys
 import time
 import traceback
@@ -364,18 +365,20 @@ def one_line(error: BaseException) -> str:
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during training, raised by an entry point from the `KeyboardInterrupt` so that `run` can say where the
-    run stopped, which checkpoint is complete and the command that resumes from it.
+    """Ctrl-C or SIGTERM during training, raised by an entry point from the `KeyboardInterrupt` so that `run` can say
+    where the run stopped, which checkpoint is complete and the command that resumes from it.
 
     Args:
         output_dir: the run's output folder.
         step: the last optimizer step completed.
         script: the entry point's script (its `__file__`), shown relative to the working folder when inside it.
+        signal_number: the signal that stopped the run: SIGINT (Ctrl-C), or SIGTERM (`termination.TrainingTerminated`:
+            a checkpoint of `step` was saved first).
     """
 
-    def __init__(self, output_dir: str, step: int, script: str):
+    def __init__(self, output_dir: str, step: int, script: str, signal_number: int = signal.SIGINT):
         super().__init__(output_dir, step)
-        self.output_dir, self.step = output_dir, step
+        self.output_dir, self.step, self.signal_number = output_dir, step, signal_number
         relative = os.path.relpath(script)
         self.script = script if relative.startswith("..") else relative
 
@@ -434,13 +437,14 @@ def versions() -> dict[str, str]:
 def write_error_log(output_dir: str, error: BaseException) -> Path | None:
     """Write `<output_dir>/ERROR_LOG`: the time, the command line, `versions()` and the full traceback of `error`.
 
-    Only the main process writes (`RANK` 0 or unset). Returns the file's path, or None on another process or when it
-    cannot be written (a full disk, a read-only folder): the error is reported either way.
+    The main process (`RANK` 0 or unset) writes `error.log`, process k `error.log.<k>`, so that an error raised on
+    one process only keeps its traceback too. Returns the file's path, or None when it cannot be written (a full
+    disk, a read-only folder): the error is reported either way.
     """
-    if os.environ.get("RANK", "0") != "0":
-        return None
-    path = Path(output_dir) / ERROR_LOG
-    header = [time.strftime("%Y-%m-%d %H:%M:%S %Z"), f"command: {shlex.join([sys.executable, *sys.argv])}", ""]
+    rank = os.environ.get("RANK", "0")
+    path = Path(output_dir) / (ERROR_LOG if rank == "0" else f"{ERROR_LOG}.{rank}")
+    header = [time.strftime("%Y-%m-%d %H:%M:%S %Z"), f"command: {shlex.join([sys.executable, *sys.argv])}",
+              f"working folder: {os.getcwd()}", ""]  # fmt: skip
     header += [f"{name}: {value}" for name, value in versions().items()]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -486,21 +490,24 @@ def run(entry: Callable[[list[str]], int | None], argv: Iterable[str], prog: str
     A user error (`USER_ERRORS`) prints `<prog>: error: <one_line(error)>` on stderr and returns 2 for a
     `UsageError`, else 1; with the debug switch (`--debug` in `argv`, `debug`, or `TRL_GRPO_EXT_DEBUG=1`) it is
     raised instead, with its traceback. Other exceptions are raised. Ctrl-C (`KeyboardInterrupt`) prints one line,
-    `<prog>: interrupted`, with the checkpoint to resume from for an `Interrupted`, and returns 130. A user error
-    raised after training started (`training_errors`) names the file holding its traceback instead of `--debug`.
+    `<prog>: interrupted`, with the checkpoint to resume from for an `Interrupted`, and returns 130; SIGTERM during
+    training (`termination.TrainingTerminated`, its checkpoint saved) `<prog>: stopped by SIGTERM ...`, 143. A user
+    error raised after training started (`training_errors`) names the file holding its traceback instead of `--debug`.
     """
     argv, flag = pop_debug_flag(argv)
     debug = debug or flag or debug_from_env()
     quiet_start(debug)
     try:
         code = entry(argv)
-    except KeyboardInterrupt as interrupt:  # Ctrl-C: one line (the main process's), what is saved, how to go on
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, SIGTERM: one line (the main process's), what is saved, how on
         if debug:
             raise
+        number = getattr(interrupt, "signal_number", signal.SIGINT)
         if os.environ.get("RANK", "0") == "0":
             where = interrupt.resume_hint(argv) if isinstance(interrupt, Interrupted) else ""
-            print(f"{prog}: interrupted{where}", file=sys.stderr, flush=True)
-        return 130  # 128 + SIGINT, as a shell reports it
+            how = "interrupted" if number == signal.SIGINT else f"stopped by {signal.Signals(number).name}"
+            print(f"{prog}: {how}{where}", file=sys.stderr, flush=True)
+        return 128 + number  # as a shell reports it: 130 for SIGINT, 143 for SIGTERM
     except USER_ERRORS as error:
         if debug:
             raise

@@ -59,9 +59,17 @@ size, a attention heads, k key-value heads, d head dim, V vocabulary, P prompt a
 * **overhead**: `OVERHEAD_GIB` = 1 GiB for the CUDA context (0.3-0.5 GiB), cuBLAS workspaces and the caching
   allocator's fragmentation, none of which `torch.cuda.max_memory_allocated` counts.
 
-The peak is what is always resident (weights, adapters, optimizer, reference model, overhead) plus the larger of the
-training phase (gradients, activations, logits) and the generation phase (KV cache, generation workspace): the KV cache
-is freed before the backward, and gradients are freed (`zero_grad(set_to_none=True)`) before the next generation.
+* **evaluation** (with `eval_batch_size`: the GSM8K recipe's end-of-run evaluation, `gsm8k.evaluation`): HF
+  generation of `eval_batch_size` prompts of P + C tokens with a `DynamicCache` (its KV cache and workspace, as in
+  `generation_bytes`; greedy: one sequence a prompt), after training, beside the resident terms (the optimizer state
+  and any static caches are still allocated; vLLM in sleep mode is asleep). With compiled generation the training
+  generation phase has no KV cache of its own (the static cache is resident), so this phase can be the peak even at
+  the training's batch size.
+
+The peak is what is always resident (weights, adapters, optimizer, reference model, overhead) plus the largest of the
+training phase (gradients, activations, logits), the generation phase (KV cache, generation workspace) and the
+end-of-run evaluation: the KV cache is freed before the backward, and gradients are freed
+(`zero_grad(set_to_none=True)`) before the next generation.
 """
 
 import math
@@ -102,6 +110,7 @@ class MemoryEstimate:
     static_cache: float = 0.0
     vllm_persistent: bool = False  # vLLM without sleep mode stays resident through training
     host_pinned: float = 0.0  # page-locked host memory of one process (the in-place merge's copy): not GPU memory
+    evaluation: float = 0.0  # the end-of-run evaluation's generation (KV cache and workspace), when estimated
 
     @property
     def persistent(self) -> float:
@@ -119,8 +128,8 @@ class MemoryEstimate:
 
     @property
     def total(self) -> float:
-        """Peak GiB: the resident terms plus the larger phase."""
-        return self.persistent + max(self.training, self.generation)
+        """Peak GiB: the resident terms plus the largest phase (training, generation, end-of-run evaluation)."""
+        return self.persistent + max(self.training, self.generation, self.evaluation)
 
     def terms(self) -> dict[str, float]:
         """Every term of the GPU peak by name, in GiB."""
@@ -136,10 +145,12 @@ class MemoryEstimate:
         phases = {"gradients": "training", "activations": "training", "logits": "training"}
         phases |= {"kv_cache": "generation", "generation_workspace": "generation"}
         phases["vllm"] = "always" if self.vllm_persistent else "generation"
+        phases["evaluation"] = "evaluation"
         lines = [f"{'term':<22}{'GiB':>8}  phase", "-" * 42]
         for name, gib in self.terms().items():
             lines.append(f"{name:<22}{gib:>8.2f}  {phases.get(name, 'always')}")
-        peak = "training" if self.training >= self.generation else "generation"
+        phase_gib = {"training": self.training, "generation": self.generation, "evaluation": self.evaluation}
+        peak = max(phase_gib, key=phase_gib.get)  # the first of equals: training
         lines += ["-" * 42, f"{'peak':<22}{self.total:>8.2f}  (resident + {peak} phase)"]
         if card_gib is not None:
             verdict = "fits" if self.total <= 0.9 * card_gib else "DOES NOT FIT"
@@ -346,6 +357,7 @@ def estimate(
     nested_quant: bool = True,
     attn_implementation: str | None = "sdpa",
     card_gib: float | None = None,
+    eval_batch_size: int | None = None,
 ) -> MemoryEstimate:
     """Estimated peak GPU memory of one GRPO process (module docstring: every term, its formula and source).
 
@@ -361,6 +373,8 @@ def estimate(
         load_in_4bit: NF4 weights (QLoRA); `nested_quant` is bitsandbytes' double quantization.
         attn_implementation: "sdpa" (default), "flash_attention_2" (no mask bias, no repeated k/v) or "eager".
         card_gib: the card's memory, needed only for colocated vLLM and continuous batching.
+        eval_batch_size: prompts the end-of-run evaluation generates at once (the GSM8K recipe's field); None leaves
+            the evaluation out.
 
     Returns:
         A `MemoryEstimate` in GiB.
@@ -434,6 +448,8 @@ def estimate(
             batches = static_cache_batches(args, sequences)
             static_kv, kv = sum(kv_cache_bytes(model_config, n, static) for n in batches), 0
 
+    evaluation = 0 if eval_batch_size is None else sum(generation_bytes(model_config, eval_batch_size, prompt_length,
+                                                                        completion))  # fmt: skip
     return MemoryEstimate(
         weights=weights / GIB,
         adapters=(0 if lora_r is None else trainable * param_bytes) / GIB,
@@ -451,6 +467,7 @@ def estimate(
         static_cache=static_kv / GIB,
         vllm_persistent=vllm_persistent,
         host_pinned=host / GIB,
+        evaluation=evaluation / GIB,
     )
 
 

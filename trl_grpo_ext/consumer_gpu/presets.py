@@ -88,8 +88,11 @@ def training_precision() -> str:
     return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
 
 
-def warn_if_too_big(model_args, args, card_gib: float | None) -> MemoryEstimate | None:
-    """Warn (`MemoryFitWarning`) before a model is loaded when its run is estimated not to fit the card.
+def warn_if_too_big(
+    model_args, args, card_gib: float | None, eval_batch_size: int | None = None
+) -> MemoryEstimate | None:
+    """Warn (`MemoryFitWarning`) before a model is loaded when its run is estimated not to fit the card, its
+    end-of-run evaluation at `eval_batch_size` prompts a batch included (None: no evaluation).
 
     Returns the estimate, or None when there is no card or the architecture is not known locally (nothing downloads).
 
@@ -104,11 +107,28 @@ def warn_if_too_big(model_args, args, card_gib: float | None) -> MemoryEstimate 
         model_config = architecture_config(name)
     except ValueError:
         return None
-    result = estimate_for(model_config, args, model_args, card_gib=card_gib)
+    result = estimate_for(model_config, args, model_args, card_gib=card_gib, eval_batch_size=eval_batch_size)
     message = fit_warning(result, card_gib, name)
     if message:
         warnings.warn(message, MemoryFitWarning, stacklevel=2)
     return result
+
+
+# the GSM8K recipe's defaults of its evaluation settings (`recipes/math_gsm8k.py`, `GSM8KScriptArguments`)
+RECIPE_EVAL_DEFAULTS = {"eval_limit": 200, "eval_batch_size": 16}
+
+
+def recipe_eval_batch_size(path, *overrides: str) -> int | None:
+    """The prompts a batch of a recipe YAML's end-of-run evaluation (`eval_batch_size`, from the command-line
+    `overrides` over the file over the recipe's defaults), or None when it evaluates nothing (`eval_limit` 0)."""
+    import yaml
+
+    config = yaml.safe_load(Path(path).read_text()) or {}
+    settings = {**RECIPE_EVAL_DEFAULTS, **{k: v for k, v in config.items() if k in RECIPE_EVAL_DEFAULTS}}
+    for i, arg in enumerate(overrides[:-1]):
+        if arg.startswith("--") and arg[2:] in RECIPE_EVAL_DEFAULTS:
+            settings[arg[2:]] = int(overrides[i + 1])
+    return int(settings["eval_batch_size"]) if int(settings["eval_limit"]) > 0 else None
 
 
 def load_config(path, *overrides: str, use_cpu: bool = True):

@@ -7,7 +7,10 @@ before it reads the advantages. The trainer hands TRL's loss a shallow copy of t
 original and reuses it for `num_iterations` passes) and gives this feature the policy's log-probabilities and
 entropies (`policy_logps`): the modes shift the copy's advantages (`advantage`), or detach the log-probabilities of
 Clip-Cov's tokens (`clip_cov`). Terms added to TRL's loss (the `target` bonus, KL-Cov's penalty) are token means over
-the whole optimizer step (all its micro-batches and processes), as TRL's `dapo` loss is a token sum over it.
+the whole optimizer step (all its micro-batches and processes), as TRL's `dapo` loss is a token sum over it. The
+logged `loss` is then TRL's loss plus those terms: both parts are logged too, `loss/policy` (TRL's loss, its own KL
+and entropy terms included) and `loss/entropy_reg` (the terms added here), each a mean over micro-batches and
+processes.
 
 Completions TRL leaves out stay out. One that no reward function scored (all None) has advantage exactly 0 in TRL:
 `advantage` does not shift it, and Clip-Cov/KL-Cov neither choose its tokens nor count them in the covariance's means
@@ -35,7 +38,7 @@ from ..trl_contact import (
     per_token_logps_and_entropies,
 )
 from . import covariance
-from .modes import ENTROPY_REG_MODES, LossTerms
+from .modes import ENTROPY_REG_MODES, EntropyMode, LossTerms
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +95,8 @@ class EntropyReg(Feature):
         self.modes = [mode(self) for name, mode in ENTROPY_REG_MODES.items() if name in chosen]
         self.picker = next((mode for mode in self.modes if mode.picks_tokens), None)  # at most one (config check)
         self.shifters = [mode for mode in self.modes if mode.shifts_advantages]
+        # modes that add a term to TRL's loss (the `target` bonus, KL-Cov's penalty): the logged loss is then a sum
+        self.adds_loss_terms = any(type(mode).loss_term is not EntropyMode.loss_term for mode in self.modes)
         target = next((mode for mode in self.modes if mode.name == "target"), None)
         self.measurer = target  # measures each optimizer step's entropy before its loss (`_plan_window`)
         self._state = EntropyRegState(None if target is None else target.controller)
@@ -162,7 +167,12 @@ class EntropyReg(Feature):
         capture, self._capture = self._capture, None
         if capture is None:
             return loss
-        return loss + self._loss_terms(batch, capture)
+        extra = self._loss_terms(batch, capture)
+        if self.adds_loss_terms:  # the logged `loss` is their sum: each part logged, a mean over processes
+            parts = self.trainer.accelerator.reduce(torch.stack([loss.detach(), extra.detach()]).float(), "mean")
+            self.log("loss/policy", parts[0].item())
+            self.log("loss/entropy_reg", parts[1].item())
+        return loss + extra
 
     def _shifted(self, batch: dict, entropies: torch.Tensor) -> torch.Tensor:
         """The advantages of `batch` after every mode that shifts them, in registry order."""

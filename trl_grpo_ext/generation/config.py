@@ -147,7 +147,8 @@ def sharding_engine(args) -> str | None:
     accelerate launch's ACCELERATE_USE_FSDP"), or None (one process, DDP, DeepSpeed ZeRO-0/1/2).
 
     Read as accelerate and transformers read them, before either builds a plugin:
-        - `args.fsdp` (TrainingArguments': any value turns FSDP on), or `ACCELERATE_USE_FSDP=true`, which
+        - `args.fsdp` (TrainingArguments': any value turns FSDP on), or `ACCELERATE_USE_FSDP=true` (or 1, yes, on:
+          accelerate's `parse_flag_from_env` and transformers' `strtobool` read those as true too), which
           `accelerate launch` sets for a `distributed_type: FSDP` config (`accelerate.utils.launch`'s
           `prepare_multi_gpu_env`).
         - `args.deepspeed` (a dict or a JSON file): its `zero_optimization.stage`; else, with
@@ -160,20 +161,26 @@ def sharding_engine(args) -> str | None:
     environ = os.environ
     if args.fsdp:
         return "FSDP, from the fsdp argument"
-    if environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":  # as accelerate's AcceleratorState reads it
+    if _on(environ.get("ACCELERATE_USE_FSDP")):
         return "FSDP, from accelerate launch's ACCELERATE_USE_FSDP"
     launch_stage = environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
     file = environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")  # "none": accelerate's unset
     if args.deepspeed:
         where = "the deepspeed config" + (f" {args.deepspeed}" if isinstance(args.deepspeed, str) else "")
         stage = _zero_stage(args.deepspeed, launch_stage)
-    elif environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
+    elif not _on(environ.get("ACCELERATE_USE_DEEPSPEED")):
         return None
     elif file != "none":
         where, stage = f"accelerate launch's ACCELERATE_DEEPSPEED_CONFIG_FILE {file}", _zero_stage(file, launch_stage)
     else:
         where, stage = f"accelerate launch's ACCELERATE_DEEPSPEED_ZERO_STAGE={launch_stage}", launch_stage
     return f"DeepSpeed ZeRO-3, from {where}" if stage == "3" else None
+
+
+def _on(value: str | None) -> bool:
+    """An environment flag as accelerate (`str_to_bool`) and transformers (`strtobool`) read it: 1, true, yes, y, on
+    or t, in any case, is on."""
+    return value is not None and value.strip().lower() in ("1", "true", "yes", "y", "on", "t")
 
 
 def _zero_stage(config: dict | str, launch_stage: str) -> str | None:

@@ -16,6 +16,7 @@ ways a compiled decode step silently stops being fast after it worked (`trl_cont
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -57,16 +58,41 @@ def fallback_cause(error: BaseException) -> str:
     return "other"
 
 
-def fallback_warning(error: BaseException, cause: str, where: str) -> str:
-    """The one warning of a fall back: where it happened, the error's type and first line, the cause in words and
-    the setting to change."""
+def fallback_warning(error: BaseException, cause: str, where: str, log: Path | None = None) -> str:
+    """The one warning of a fall back: where it happened, the error's type and first line, the cause in words, the
+    setting to change and the file that holds the full traceback (`write_fallback_log`, when written)."""
     what, fix = CAUSES[cause]
     first_line = (str(error).strip().splitlines() or [""])[0][:1000]
+    saved = f" The full traceback: {log}." if log is not None else ""
     return (
         f"Fast generation fell back to TRL's generation ({where}): {type(error).__name__}: {first_line}. Cause: "
         f"{what}. To change: {fix}. Training goes on with TRL's generation (generation_fallback=False raises the "
-        "error instead)."
+        f"error instead).{saved}"
     )
+
+
+FALLBACK_LOG = "fast_generation_fallback.log"
+
+
+def write_fallback_log(output_dir: str, process_index: int, error: BaseException, where: str) -> Path | None:
+    """Write the full traceback of the error fast generation fell back on (its first line alone is in the warning:
+    a compiler's output, inductor's generated code, are below it) to `<output_dir>/fast_generation_fallback.log`
+    (`...log.<process index>` on processes other than the first), with where it happened and the versions. Returns
+    the path, or None when it cannot be written (the run goes on)."""
+    import platform
+    import traceback
+
+    name = FALLBACK_LOG if process_index == 0 else f"{FALLBACK_LOG}.{process_index}"
+    path = Path(output_dir) / name
+    header = [f"fast generation fell back {where}", f"python {platform.python_version()}, torch {torch.__version__}"]
+    if torch.cuda.is_available():
+        header.append(f"CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(header) + "\n\n" + "".join(traceback.format_exception(error)))
+    except OSError:
+        return None
+    return path
 
 
 class RNGState:

@@ -48,6 +48,7 @@ silently turns fp32 LoRA adapters into bf16 ones for the rest of training (a war
 """
 
 import copy
+import gc
 import importlib.util
 import logging
 import time
@@ -62,7 +63,7 @@ from ..trl_contact import compiles_in_one_graph, drop_repeated_input_grad_hooks,
 from .checks import model_setting_problem
 from .config import generation_levers
 from .device_memory import check_copy_fits, generation_copy_bytes
-from .fallback import CompileTrouble, RNGState, fallback_cause, fallback_warning
+from .fallback import CompileTrouble, RNGState, fallback_cause, fallback_warning, write_fallback_log
 from .lora_merge import GenerationCopy, InplaceMerge, is_quantized_linear, lora_linears
 from .static_cache import StaticCaches, StaticCacheSizer
 
@@ -221,6 +222,7 @@ class FastGenerationFeature(Feature):
         self._trl_generation_config = None  # TRL's generation settings before `setup`, put back on a fall back
         self._reported: set[str] = set()  # the kinds of `fallback_words.COMPILE_TROUBLE` warned about so far
         self._fallback_logged = fell_back is None  # a fall back decided at init is logged at the first generation
+        self._release = False  # fell back, and the fast path's memory not yet freed
 
     @classmethod
     def build(cls, trainer) -> "FastGenerationFeature | None":
@@ -285,6 +287,11 @@ class FastGenerationFeature(Feature):
             if not self._fallback_logged:
                 self._fallback_logged = True
                 metrics(trainer, "train")[f"fast_generation/fell_back/{self.fell_back}"].append(1.0)
+            if self._release:  # the first of TRL's generations: the failed fast path's memory freed before it
+                self._release = False
+                gc.collect()  # what is left of the error's frames
+                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                    torch.cuda.empty_cache()  # the generation copy and the static caches back to the driver
             yield
             return
         fast, rng, before = self.fast, RNGState(), CompileTrouble.now()
@@ -344,20 +351,22 @@ class FastGenerationFeature(Feature):
         """Give up the fast path after `error` (raised `where`): TRL's generation settings put back as they were
         before `setup`, the merge (its host copy unregistered) and the static caches dropped (the base weights were
         restored as the merge's block ended), one warning with the cause and the fix (`fallback.fallback_warning`),
-        the cause logged (`fast_generation/fell_back/<cause>`, read by the run doctor). Re-raises `error` with
-        `generation_fallback=False`."""
+        the error's traceback in `<output_dir>/fast_generation_fallback.log` (`fallback.write_fallback_log`), the
+        cause logged (`fast_generation/fell_back/<cause>`, read by the run doctor). The memory of the fast path is
+        freed at the next generation, TRL's, before it runs. Re-raises `error` with `generation_fallback=False`."""
         trainer = self.trainer
         if not trainer.args.generation_fallback:
             raise error
         cause = fallback_cause(error)
         if self._trl_generation_config is not None:
             trainer.generation_config = self._trl_generation_config
-        if self.fast is not None and isinstance(self.fast.merge, InplaceMerge):
-            self.fast.merge.close()  # its host copy unregistered now, not when the error's traceback lets it go
-        self.fast, self.fell_back, self._fallback_logged = None, cause, True
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.empty_cache()  # the generation copy and the static caches, freed
-        logger.warning(fallback_warning(error, cause, where))
+        if self.fast is not None:
+            self.fast.generate_error = None  # the error's frames hold the fast path: no cycle keeps it alive
+            if isinstance(self.fast.merge, InplaceMerge):
+                self.fast.merge.close()  # its host copy unregistered now, not when the error's traceback lets it go
+        self.fast, self.fell_back, self._fallback_logged, self._release = None, cause, True, True
+        log = write_fallback_log(trainer.args.output_dir, trainer.accelerator.process_index, error, where)
+        logger.warning(fallback_warning(error, cause, where, log))
         metrics(trainer, "train")[f"fast_generation/fell_back/{cause}"].append(1.0)
 
     def _report_compile_trouble(self, new: CompileTrouble) -> None:

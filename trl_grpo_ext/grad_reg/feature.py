@@ -155,9 +155,10 @@ class GradReg(Feature):
         state.skipped += 1
         state.consecutive_skips += 1
         log_total(trainer, "train", "grad_reg/skipped_steps", float(state.skipped))
+        # step + 1: the step being taken, numbered as it is logged (`global_step` counts the steps done)
         logger.warning(
             "grad_reg: gradient norm %s at step %d: optimizer step skipped (%d in a row, %d in all)",
-            norm, step, state.consecutive_skips, state.skipped,
+            norm, step + 1, state.consecutive_skips, state.skipped,
         )  # fmt: skip
         if state.consecutive_skips < args.grad_reg_max_skips:
             return
@@ -169,7 +170,7 @@ class GradReg(Feature):
             save_checkpoint(trainer, model)
         raise NonFiniteGradientError(
             f"grad_reg: {args.grad_reg_max_skips} optimizer steps in a row (grad_reg_max_skips="
-            f"{args.grad_reg_max_skips}) had a non-finite gradient norm, the last one at global step {step} "
+            f"{args.grad_reg_max_skips}) had a non-finite gradient norm, the last one at step {step + 1} "
             f"(norm {norm}); the weights of the last good step are in {checkpoint}"
         )
 

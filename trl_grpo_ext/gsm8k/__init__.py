@@ -6,4 +6,6 @@ its features imports this.
 * `bounded`: each answer's check within a time bound on any thread (math-verify's own timeout needs the main thread).
 * `answer_worker`: the worker process `bounded` checks answers in off the main thread.
 * `evaluation`: greedy and majority-vote accuracy of a model on GSM8K.
+* `eval_generation`: the evaluation's generation: decoding set in full (nothing from the checkpoint's generation
+  config), problems shared over processes, a progress line a batch.
 """

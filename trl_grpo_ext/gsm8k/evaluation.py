@@ -1,4 +1,4 @@
-"""GSM8K evaluation: batched generation, greedy pass@1 (strict and lenient) and majority vote over k samples.
+"""GSM8K evaluation: greedy pass@1 (strict and lenient) and majority vote over k samples.
 
 Strict accuracy counts an answer only in the required format (a final `\\boxed{}`); lenient accuracy accepts the
 answer anywhere in the completion. maj@k (Wang et al., self-consistency, arXiv:2203.11171) samples k completions per
@@ -7,7 +7,11 @@ problem and scores the most frequent extracted answer. Lenient accuracy and the 
 
 `evaluate_gsm8k` keeps every completion: one record a problem with its question, gold answer, greedy completion and,
 with maj@k, its k samples, each with the answer extracted from it and whether that answer is right
-(`write_results` saves them as JSON).
+(`write_results` saves them as JSON), and the decoding settings it used.
+
+The generation is `eval_generation`'s: every decoding setting given explicitly, none taken from the checkpoint's
+`generation_config.json` (greedy is argmax, maj@k samples at the evaluation's temperature only), the problems shared
+over processes when there are several (the same results as one process), a progress line a batch.
 
 Prompts are formatted as TRL's trainer formats them for training: the tokenizer's chat template with
 `add_generation_prompt=True` and the run's `chat_template_kwargs` (e.g. `{"enable_thinking": False}`). The recipe
@@ -22,6 +26,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from .eval_generation import decoding_settings, generate
 from .rewards import answer_is_correct, extract_final_answer, same_answer
 
 
@@ -46,53 +51,6 @@ def load_model_for_eval(path: str, dtype: str = "auto", device: str | None = Non
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device).eval(), tokenizer
-
-
-@torch.no_grad()
-def generate(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: list[list[dict]],
-    max_new_tokens: int = 512,
-    batch_size: int = 16,
-    num_samples: int = 1,
-    temperature: float = 0.0,
-    chat_template_kwargs: dict | None = None,
-) -> list[list[str]]:
-    """Complete every chat prompt `num_samples` times; return `len(prompts)` lists of `num_samples` texts.
-
-    `temperature == 0` is greedy decoding (then `num_samples` must be 1). Prompts are rendered with the tokenizer's
-    chat template and `chat_template_kwargs` (as TRL's trainer renders them: training's
-    `GRPOConfig.chat_template_kwargs` make the same prompts) and generated `batch_size` at a time with left padding.
-
-    Raises:
-        ValueError: `temperature == 0` with `num_samples > 1` (every greedy sample would be the same).
-    """
-    if temperature == 0 and num_samples > 1:
-        raise ValueError(f"num_samples={num_samples} needs temperature > 0; greedy decoding gives identical samples")
-    tokenizer.padding_side = "left"
-    sampling = (
-        {"do_sample": True, "temperature": temperature, "top_p": 1.0} if temperature > 0 else {"do_sample": False}
-    )
-    kwargs = chat_template_kwargs or {}
-    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True, **kwargs) for p in prompts]
-    outputs: list[list[str]] = []
-    for start in range(0, len(texts), batch_size):
-        batch = tokenizer(
-            texts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
-        )
-        batch = batch.to(model.device)
-        generated = model.generate(
-            **batch,
-            max_new_tokens=max_new_tokens,
-            num_return_sequences=num_samples,
-            pad_token_id=tokenizer.pad_token_id,
-            top_k=None,
-            **sampling,
-        )  # (b*num_samples, prompt_len + new)
-        decoded = tokenizer.batch_decode(generated[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
-        outputs += [decoded[i : i + num_samples] for i in range(0, len(decoded), num_samples)]
-    return outputs
 
 
 def majority_answer(completions: list[str]) -> str | None:
@@ -159,29 +117,44 @@ def evaluate_gsm8k(
     maj_k: int = 0,
     temperature: float = 0.7,
     chat_template_kwargs: dict | None = None,
+    *,
+    seed: int = 0,
+    accelerator=None,
+    progress: bool = True,
 ) -> dict:
     """Greedy pass@1 (strict and lenient) and, when `maj_k > 1`, maj@k accuracy on GSM8K rows.
+
+    Decoding is set in full, nothing taken from the checkpoint's `generation_config.json` (`eval_generation`):
+    greedy is argmax; maj@k samples at `temperature` over the whole vocabulary (no top-k, top-p or repetition
+    penalty), each batch of `batch_size` problems seeded with `seed` + the index of its first problem.
 
     Args:
         dataset: rows with `prompt` (chat messages) and `answer` (gold number string), as `data.load_gsm8k` gives.
         maj_k: samples per problem for the majority vote, at `temperature`; 0 or 1 skips it.
         chat_template_kwargs: what the chat template is rendered with, as in training (`GRPOConfig`'s field): a
             thinking-off model (`{"enable_thinking": False}`) is evaluated thinking off.
+        accelerator: an accelerate `Accelerator` or `PartialState`: with several processes, every process calls this
+            with the same rows, generates its share of the batches and returns the whole results (the same as one
+            process's, `eval_generation.shard_batches`).
+        progress: print a progress line a batch (problems done, time elapsed and left), from process 0 only.
 
     Returns:
         `{"num_problems", "strict_accuracy", "lenient_accuracy", "empty_completions", "chat_template_kwargs",
-        ["maj@k"], "samples": [...]}`;
+        "generation", ["maj@k"], "samples": [...]}`;
         accuracies and `empty_completions` (the greedy completions that are empty or blank) are fractions in [0, 1].
-        `samples` keeps every completion, one record a problem: `question`, `answer` (gold), the greedy
-        `completion` with its `strict_answer` (a final `\\boxed{}`) and `lenient_answer` (None when
-        there is none) and their scores `strict` and `lenient` (1.0 or 0.0); with maj@k, `"maj@k"`:
+        `generation` holds the decoding settings used, `{"greedy": {...}, ["maj@k": {..., "seed"}]}`
+        (`eval_generation.decoding_settings`). `samples` keeps every completion, one record a problem: `question`,
+        `answer` (gold), the greedy `completion` with its `strict_answer` (a final `\\boxed{}`) and `lenient_answer`
+        (None when there is none) and their scores `strict` and `lenient` (1.0 or 0.0); with maj@k, `"maj@k"`:
         `{"majority_answer", "correct", "samples": [{"completion", "lenient_answer", "correct"}, ...]}`, the k
         sampled completions in the order they were generated.
     """
     prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
     n = max(len(prompts), 1)
+    shared = dict(seed=seed, accelerator=accelerator)
     greedy = [texts[0] for texts in generate(model, tokenizer, prompts, max_new_tokens, batch_size,
-                                             chat_template_kwargs=chat_template_kwargs)]  # fmt: skip
+                                             chat_template_kwargs=chat_template_kwargs,
+                                             label="Evaluation, greedy" if progress else None, **shared)]  # fmt: skip
     questions = [question_of(prompt) for prompt in prompts]
     records = [greedy_record(*row) for row in zip(questions, answers, greedy, strict=True)]
     results = {
@@ -190,13 +163,16 @@ def evaluate_gsm8k(
         "lenient_accuracy": sum(record["lenient"] for record in records) / n,
         "empty_completions": sum(not text.strip() for text in greedy) / n,
         "chat_template_kwargs": dict(chat_template_kwargs or {}),
+        "generation": {"greedy": decoding_settings(max_new_tokens, 0.0)},
     }
     if maj_k > 1:
+        label = f"Evaluation, maj@{maj_k}" if progress else None
         sampled = generate(model, tokenizer, prompts, max_new_tokens, batch_size, maj_k, temperature,
-                           chat_template_kwargs)  # fmt: skip
+                           chat_template_kwargs, label=label, **shared)  # fmt: skip
         for record, texts in zip(records, sampled, strict=True):
             record[f"maj@{maj_k}"] = vote_record(record["answer"], texts)
         results[f"maj@{maj_k}"] = sum(record[f"maj@{maj_k}"]["correct"] for record in records) / n
+        results["generation"][f"maj@{maj_k}"] = {**decoding_settings(max_new_tokens, temperature, maj_k), "seed": seed}
     results["samples"] = records
     return results
 

@@ -9,6 +9,23 @@ Answers are compared with math-verify (``parse`` + ``verify``), as TRL's ``trl/r
 this module only locates the final answer (the last ``\boxed{...}``, else the last number of the running text once
 LaTeX and Markdown around it are removed, see `_running_text`) and normalises thousands separators.
 A relation, set, sign choice, negation or hedge is not a number (`not_a_number`: ``\boxed{x \neq 42}`` is not 42).
+
+A final answer is ONE value (issue #58, after Math-Verify #14 and PR #82). Candidates joined as alternatives score 0.0
+in every accuracy reward, whatever the gold: in a box (``\boxed{41, 42}``, ``\boxed{41 \text{ to } 42}``,
+``\boxed{x=41, y=42}``, ``\boxed{41\text{--}42}``, ``\boxed{\text{between } 41 \text{ and } 43}``), as boxes
+(``\boxed{41} \text{ or } \boxed{42}``, ``\boxed{41}, \boxed{42}``, ``\boxed{41} or 42``) or in running text ("41 or
+42", "either 41 or 42", "41, 42, or 43", "1, 2, 3", "between 41 and 43", "41 to 43"). Alternatives are recognised by
+their form: a comma, semicolon, en or em dash, "or", "and", "to", "through", "vs" between two numbers, or "maybe",
+"perhaps", "possibly", "between" in a box; "42 or 42" is a hedge too (the values are not compared). Not
+alternatives: "from 30 to 42" (a change), and boxes that follow each other without such a word: the last box is the
+answer, so that a model may correct itself ("\boxed{41} Wait, no: \boxed{42}" is 42). "41-42" is arithmetic (-1), as
+in TRL. A formula is not the number inside it: a box must parse to one value with no symbol, constant or function
+left (``\boxed{42 + \mathrm{e}}``, ``\boxed{42/\mathrm{e}}``, ``\boxed{42\pi}``, ``\boxed{\log 42}`` are not 42; the
+rest of a box is never searched for a number), and in running text a number touching a symbol through an operator
+or a LaTeX function or constant ("42/e", "$\frac{42}{x}$", "$42\pi$", "$\log 42$") is no answer. Units are dropped
+before parsing, as TRL's ``accuracy_reward`` drops them: ``42^\circ``, ``42°``, ``42\%``, ``\$42``,
+``42 \text{ dollars}``, ``42\,\mathrm{cm}``, ``42 \text{ cm}^2``, ``42 apples`` are 42; a bare single letter is a
+variable, not a unit (``42 x``, ``42\mathrm{e}``: e is Euler's number).
 Each answer's check runs within `bounded.ANSWER_TIMEOUT_S` seconds on any thread (math-verify's own timeout works
 only in the main thread); an answer given up on scores 0.0 and the call logs how many it gave up on.
 
@@ -132,6 +149,44 @@ _HEDGE_WORD = re.compile(
 _HEDGE_BEFORE = re.compile(rf"(?:[{_RELATION_CHARS}]|!=|\b(?:not|never|except|{_HEDGES}))[\s$*]*$", re.IGNORECASE)
 _HEDGE_AFTER = re.compile(rf"[\s$*]*(?:[{_RELATION_CHARS}]|!=|or\s+(?:more|less|fewer|so)\b)", re.IGNORECASE)
 _GOLD_LINE = re.compile(r"^####[ \t]*(.*?)[ \t]*$", re.MULTILINE)
+# One value (issue #58). In running text (after `_running_text`) and around a box: a number, then words or marks that
+# join alternatives, then the answer ("41 or 42", "41, 42, or 43", "between 41 and 43", "x = 41, y = 42"); or the
+# answer, then such a joint and another number. Searched within `_JOIN_WINDOW` characters, so in constant time.
+_JOIN_WINDOW = 200
+_JOINT = r"(?:,|;|--+(?!-)|[\u2013\u2014]|\b(?:or|and|nor|to|through|thru|maybe|perhaps|possibly|vs|versus)\b)"
+_JOINED_BEFORE = re.compile(rf"\d[\s$*%]*(?:{_JOINT}[\s$*]*)+(?:[A-Za-z]\w*[\s$*]*=[\s$*]*)?$", re.IGNORECASE)
+_JOINED_AFTER = re.compile(rf"[\s$*(\[]*(?:{_JOINT}[\s$*(\[]*)+-?\d", re.IGNORECASE)
+_CHANGE = re.compile(r"\bfrom[\s$*]+-?[\d.]+[\s$*%]*to[\s$*]*$", re.IGNORECASE)  # "from 30 to 42": not a range
+# In a box: a list or range separator between values, or a hedge word anywhere ("\text{maybe } 42").
+_LIST = re.compile(
+    r"[,;](?=[^,;]{0,40}?\d)|(?<=\d)\s*(?:--+|[\u2013\u2014])|\\text\s*\{\s*--+\s*\}"
+    r"|\b(?:and|to|through|thru|vs|versus)\b(?=[^0-9]{0,40}?\d)|\b(?:maybe|perhaps|possibly|between)\b",
+    re.IGNORECASE,
+)
+# A LaTeX function, constant or non-numeric fraction in running text (numeric fractions are already "a/b"): written
+# as `_FORMULA_TOKEN`, so that a number next to it ("$\log 42$", "$42\pi$", "$\frac{42}{x}$") is not an answer.
+_FORMULA_TOKEN = "\u00a7"
+_FORMULA = re.compile(
+    r"\\(?:pi|infty|exp|log|ln|lg|sin|cos|tan|cot|sec|csc|arcsin|arccos|arctan|sinh|cosh|tanh|sqrt|[dtc]?frac|binom|"
+    r"sum|prod|int|lim|operatorname|alpha|beta|gamma|delta|epsilon|varepsilon|theta|vartheta|lambda|mu|nu|xi|rho|"
+    r"sigma|tau|phi|varphi|chi|psi|omega|Gamma|Delta|Theta|Lambda|Xi|Pi|Sigma|Phi|Psi|Omega)(?![a-zA-Z])"
+)
+# a formula around the answer in running text: the token, or a single letter (a variable, "e") through an operator
+_FORMULA_BEFORE = re.compile(rf"(?:{_FORMULA_TOKEN}|(?<![A-Za-z])[A-Za-z][ \t]*[*/+^])[ \t(]*$")
+_FORMULA_AFTER = re.compile(rf"[ \t)]*(?:{_FORMULA_TOKEN}|[*/+^][ \t(]*(?:{_FORMULA_TOKEN}|[A-Za-z](?![A-Za-z])))")
+# Units in a box, dropped before parsing (TRL's ``accuracy_reward`` drops them too): a degree sign anywhere; a whole
+# answer written as text; then, at the end, a text command or a word of 2+ letters (optionally squared, cubed) after a
+# number, a brace or "%" (``42 \text{ dollars}``, ``42\,\mathrm{cm}``, ``42 apples``, ``42 \text{ cm}^2``). A single
+# bare letter is a variable ("42 x"), and ``\mathrm{e}`` is Euler's number, not a unit.
+_DEGREE = re.compile(r"\^\s*(?:\{\s*\\circ\s*\}|\\circ(?![a-zA-Z]))|\u00b0|\\degree(?![a-zA-Z])")
+_WHOLE_TEXT = re.compile(r"\\(?:text|textrm|textnormal|textbf|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
+_EULER = re.compile(r"\\math(?:rm|it)\s*\{\s*e\s*\}")
+_UNIT = re.compile(
+    r"(?<=[\d}%.])(?:\s|\\[,;:! ]|~)*(?:\\(?:text|textrm|textnormal|textit|mathrm|mathit|mbox)\s*\{[^{}]*\}"
+    r"|[A-Za-z]{2,}(?:[ ./-]+[A-Za-z]+)*)(?:\s*\^\s*\{?\s*[23]\s*\}?)?\s*[.,;:]?\s*$"
+)
+_TRAILING_PUNCT = re.compile(r"(?<=\d)\s*[.,;:]\s*$")
+_ARITHMETIC = re.compile(r"[\d\s.+\-*/()]+")
 
 _LATEX_CONFIG = LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=False)
 _EXPR_CONFIG = ExprExtractionConfig()
@@ -169,8 +224,8 @@ def _boxed_span(text: str, start: int) -> tuple[int, int] | None:
     return None if close_index is None else (open_index + 1, close_index)
 
 
-def _last_boxed(text: str) -> str | None:
-    r"""Content of the last complete ``\boxed{...}`` in ``text`` (stripped), or None when there is none.
+def _last_box(text: str) -> tuple[int, int, int] | None:
+    r"""(start of ``\boxed``, content start, content end) of the last complete ``\boxed{...}`` in ``text``, or None.
 
     Several boxed answers: the LAST complete one is the final answer (a model that corrects itself boxes its
     correction last). A trailing ``\boxed{`` that never closes (truncated generation) is skipped.
@@ -179,9 +234,30 @@ def _last_boxed(text: str) -> str | None:
     while start != -1:
         span = _boxed_span(text, start)
         if span is not None:
-            return text[span[0] : span[1]].strip()
+            return start, span[0], span[1]
         start = text.rfind(_BOXED, 0, start)
     return None
+
+
+def _plain(text: str) -> str:
+    r"""`_running_text` of a stretch of text that may hold complete boxes (``\boxed{41} or`` -> " 41 or")."""
+    return _running_text(text.replace(_BOXED, " "))
+
+
+def _joined(before: str, after: str) -> bool:
+    """Whether an answer with ``before`` and ``after`` it (plain text, see `_running_text`) is one of several
+    alternatives: "41 or " before it, ", 43" after it (see `_JOINED_BEFORE`)."""
+    before = before[-_JOIN_WINDOW:]
+    hedged = _JOINED_BEFORE.search(before) and not _CHANGE.search(before)
+    return bool(hedged or _JOINED_AFTER.match(after[:_JOIN_WINDOW]))
+
+
+def _boxed_alternatives(text: str, start: int, end: int) -> bool:
+    r"""Whether the box at ``text[start:end + 1]`` is joined to another candidate as an alternative:
+    ``\boxed{41} \text{ or } \boxed{42}``, ``41, \boxed{42}``, ``\boxed{42} or 43``; not ``\boxed{41} Wait, no:
+    \boxed{42}`` (a correction)."""
+    before = _plain(text[max(0, start - _JOIN_WINDOW) : start])
+    return _joined(before, _plain(text[end + 1 : end + 1 + _JOIN_WINDOW]))
 
 
 def extract_final_answer(text: str, strict: bool = False) -> str | None:
@@ -200,8 +276,10 @@ def extract_final_answer(text: str, strict: bool = False) -> str | None:
 
     Returns:
         The answer text (e.g. "1,234", "\frac{1}{2}", "18 dollars"; "" for an empty box; stripped), or None when
-        no answer is found (an unclosed ``\boxed{`` and what follows it are not searched) or ``text`` is not a
-        string. Never raises.
+        no answer is found (an unclosed ``\boxed{`` and what follows it are not searched), when the answer is one of
+        several candidates joined as alternatives (``\boxed{41} \text{ or } \boxed{42}``, "41 or 42", "1, 2, 3"),
+        when a running-text number is part of a formula ("42/e", "$\log 42$"), or when ``text`` is not a string.
+        A boxed list (``\boxed{41, 42}``) is returned and refused when parsed (`not_a_number`). Never raises.
     """
     if not isinstance(text, str):
         return None
@@ -211,9 +289,12 @@ def extract_final_answer(text: str, strict: bool = False) -> str | None:
 def _extract_final_answer(text: str, strict: bool) -> str | None:
     """`extract_final_answer` without its time bound."""
     tail = ascii_digits(text[-_MAX_PARSE_CHARS:])
-    boxed = _last_boxed(tail)
-    if boxed is not None or strict:
-        return boxed
+    box = _last_box(tail)
+    if box is not None:
+        start, begin, end = box
+        return None if _boxed_alternatives(tail, start, end) else tail[begin:end].strip()
+    if strict:
+        return None
     try:
         plain = _UNBOUNDED.sub(" ", _running_text(tail))  # "It is 72!" -> "It is 72 "
         parsed = parse(plain, extraction_config=[_EXPR_CONFIG], parsing_timeout=None)
@@ -224,8 +305,13 @@ def _extract_final_answer(text: str, strict: bool) -> str | None:
     if at >= 0:
         before = plain[:at]
         named = before.rstrip(" \t$*").endswith("=")  # "y = 42 > x": y is 42
-        if _HEDGE_BEFORE.search(before) or (not named and _HEDGE_AFTER.match(plain, at + len(answer))):
+        after = plain[at + len(answer) : at + len(answer) + _JOIN_WINDOW]
+        if _HEDGE_BEFORE.search(before) or (not named and _HEDGE_AFTER.match(after)):
             return None  # "x is not 42", "so 42 < x", "42 or more": a relation or a hedge, not the answer
+        if _joined(before, after):
+            return None  # "41 or 42", "41, 42, or 43", "between 41 and 43": candidates, not one value
+        if _FORMULA_BEFORE.search(before[-_JOIN_WINDOW:]) or _FORMULA_AFTER.match(after):
+            return None  # "42/e", "$\log 42$", "$42\pi$": a formula, not the number inside it
     return answer
 
 
@@ -236,7 +322,7 @@ def _running_text(text: str) -> str:
     Examples: ``\fbox{42}``, ``$$42$$``, ``\(42\)``, ``\textbf{42}``, ``**42**``, ``(42)``, ``answer:42`` -> 42;
     ``<b>42</b>``, ``\u200b42`` (a zero-width space) -> 42; ``$-$42``, ``-$42$``, ``\text{-}42`` -> -42;
     ``$9{,}500$``, ``9\,500``, ``$9 \, 500$`` -> 9500; ``\dfrac{1}{2}`` -> ``1/2``; ``2\frac{1}{2}`` (a mixed number)
-    -> ``5/2``; ``3,4,5`` -> 3, 4 and 5 (a list, not 3.4 or 345); ``\boxed{18`` (unclosed, a truncated
+    -> ``5/2``; ``3,4,5`` -> 3, 4 and 5 (a list: no answer, not 3.4 or 345); ``\boxed{18`` (unclosed, a truncated
     generation) is dropped with all that follows. The one normalization behind the lenient reward, the evaluation's
     lenient accuracy and its maj@k vote (all via `extract_final_answer`). Never raises.
     """
@@ -247,6 +333,7 @@ def _running_text(text: str) -> str:
     text = _GROUPED_DECIMALS.sub(lambda m: _DECIMAL_SEP_RE.sub("", m.group()), text)
     text = _LIST_COMMA.sub(", ", text)
     text = _FRAC.sub(_fraction, text)
+    text = _FORMULA.sub(f" {_FORMULA_TOKEN} ", text)
     text = _SIGN_MARKUP.sub(_joined_sign, _MATH_SIGN.sub(r"\1-", text))
     text = _OPERATOR.sub(lambda m: _OPERATORS[m.group()], _RELATION_COMMAND.sub(" \u2260 ", text))
     text = _MARKUP.sub(" ", _PERCENT.sub("%", _HTML_TAG.sub(" ", text)))
@@ -285,33 +372,70 @@ def ascii_digits(text: str) -> str:
     return "".join(str(unicodedata.decimal(c)) if unicodedata.decimal(c, None) is not None else c for c in text)
 
 
-def _is_number(expr: object) -> bool:
-    """True for a sympy object with no free symbols (18, 1/2, {5, 7}); False for 18*d*o*l*l*a*r*s or a string."""
-    return isinstance(expr, sympy.Basic) and not expr.free_symbols
+def _value(expr: object) -> sympy.Expr | None:
+    """The one number a parsed answer states, or None: a sympy expression with no symbol, constant (pi, e), function
+    (log, sqrt of a non-square stays a power and counts), infinity or imaginary unit in it; an equation with a name on
+    one side (``x = 42``, ``42 = x``) states its other side. A set, tuple, interval, ``Eq(x, {40, 41})``,
+    ``x = 41 = 42`` (an And) or a string is not one number."""
+    if isinstance(expr, sympy.Eq):
+        lhs, rhs = expr.args
+        expr = rhs if isinstance(lhs, sympy.Symbol) else lhs if isinstance(rhs, sympy.Symbol) else None
+    if not isinstance(expr, sympy.Expr) or expr.free_symbols or expr.atoms(sympy.NumberSymbol, sympy.Function):
+        return None
+    return None if expr.has(sympy.oo, -sympy.oo, sympy.zoo, sympy.nan, sympy.I) else expr
+
+
+def _without_units(answer: str) -> str:
+    r"""``answer`` without the units around its number (see `_UNIT`): ``42^\circ \mathrm{C}`` -> "42",
+    ``\text{42 apples}`` -> "42", ``18 dollars.`` -> "18"; ``42 + \mathrm{e}`` is left as it is (no number before the
+    text). Only the last 80 characters are searched for a unit, so in constant time."""
+    answer = _DEGREE.sub(" ", answer).strip()
+    whole = _WHOLE_TEXT.fullmatch(answer)
+    answer = whole.group(1).strip() if whole else answer
+    answer = _EULER.sub(" e ", answer)
+    for _ in range(2):  # "42 \text{ km} \text{ each}"
+        head, window = answer[:-80], answer[-80:]
+        unit = _UNIT.search(window)
+        if unit is None or not unit.start():
+            break
+        answer = (head + window[: unit.start()]).rstrip()
+    return _TRAILING_PUNCT.sub("", answer)
 
 
 def _parse_prediction(answer: str) -> list:
-    r"""math-verify parse of an answer text: as the LaTeX of ``\boxed{answer}`` first, and as plain text when that
-    gives no symbol-free value (``18 dollars`` reads as 18*d*o*l*l*a*r*s in LaTeX, ``18.`` does not parse).
+    r"""The value an answer text states, as a one-element list for math-verify's ``verify``; [] when it states none.
 
-    Thousands separators are removed first: math-verify reads "1\,234" and "1 234" as 235. Answers with a
-    factorial or a power are not evaluated (see `_UNBOUNDED`)."""
+    Thousands separators are removed first (math-verify reads "1\,234" and "1 234" as 235), then relations, hedges
+    and lists are refused (`not_a_number`), units dropped (`_without_units`), and the rest is parsed as the LaTeX of
+    ``\boxed{answer}`` (plain arithmetic such as "3 * (4 + 10)" as plain text if LaTeX fails). It must be one number
+    (`_value`): the rest of an unparsable formula is never searched for a number (``42 + \mathrm{e}`` is not 42,
+    Math-Verify PR #82). Answers with a factorial or a power are not evaluated (see `_UNBOUNDED`)."""
     answer = _THOUSANDS_SEP.sub("", ascii_digits(answer))
-    if _UNBOUNDED.search(answer) or not_a_number(answer):
+    if not_a_number(answer):
         return []
-    latex = parse(f"{_BOXED}{{{answer}}}", extraction_config=[_LATEX_CONFIG], parsing_timeout=None)
-    if any(_is_number(p) for p in latex):
-        return latex
-    return parse(answer, extraction_config=[_EXPR_CONFIG], parsing_timeout=None) or latex
+    answer = _without_units(answer)
+    if _UNBOUNDED.search(answer):
+        return []
+    parsed = parse(f"{_BOXED}{{{answer}}}", extraction_config=[_LATEX_CONFIG], parsing_timeout=None)
+    if not any(isinstance(p, sympy.Basic) for p in parsed) and _ARITHMETIC.fullmatch(answer):
+        parsed = parse(answer, extraction_config=[_EXPR_CONFIG], parsing_timeout=None)
+    value = next((_value(p) for p in parsed if isinstance(p, sympy.Basic)), None)
+    return [] if value is None else [value]
 
 
 def not_a_number(answer: str) -> bool:
-    r"""Whether an answer text is a relation, a set, a sign choice, a negation or a hedge rather than a number, so
-    that it never scores as the number it holds (Math-Verify #14): ``x \neq 42``, ``42 < x``, ``x \approx 42``,
-    ``\{42\}``, ``\pm 42``, ``\text{not } 42``, ``\text{at least } 42``, ``42 \text{ or more}``, ``42 or 43``.
-    An equation naming the value (``x = 42``, ``\text{Total} = 42``) and units (``42 \text{ dollars}``,
-    ``42 more than Tom``) are numbers."""
-    return bool(_RELATION_COMMAND.search(answer) or _RELATION_SYMBOL.search(answer) or _HEDGE_WORD.search(answer))
+    r"""Whether an answer text is a relation, a set, a sign choice, a negation, a hedge or a list of candidates rather
+    than one number, so that it never scores as a number it holds (Math-Verify #14, issue #58): ``x \neq 42``,
+    ``42 < x``, ``x \approx 42``, ``\{42\}``, ``\pm 42``, ``\text{not } 42``, ``\text{at least } 42``,
+    ``42 \text{ or more}``, ``42 or 43``, ``41, 42``, ``x=41, y=42``, ``41 \text{ to } 42``, ``41\text{--}42``,
+    ``\text{maybe } 42``, ``\text{between } 41 \text{ and } 43``. An equation naming the value (``x = 42``,
+    ``\text{Total} = 42``) and units (``42 \text{ dollars}``, ``42 more than Tom``) are numbers."""
+    return bool(
+        _RELATION_COMMAND.search(answer)
+        or _RELATION_SYMBOL.search(answer)
+        or _HEDGE_WORD.search(answer)
+        or _LIST.search(answer)
+    )
 
 
 def answer_is_correct(prediction: str | None, gold: str) -> bool:
@@ -334,9 +458,10 @@ def _answer_is_correct(prediction: str, gold: str) -> bool:
     try:
         gold_text = gold.replace(",", "").replace("$", "")
         gold_parsed = parse(gold_text, extraction_config=[_EXPR_CONFIG], parsing_timeout=None)
-        if not any(_is_number(g) for g in gold_parsed):
+        gold_value = next((_value(g) for g in gold_parsed if isinstance(g, sympy.Basic)), None)
+        if gold_value is None:
             return False
-        return bool(verify(gold_parsed, _parse_prediction(prediction), timeout_seconds=None))
+        return bool(verify([gold_value], _parse_prediction(prediction), timeout_seconds=None))
     except (Exception, TimeoutException):
         return False
 
@@ -353,7 +478,7 @@ def _same_answer(first: str, second: str) -> bool:
     """`same_answer` without its time bound."""
     try:
         parsed = [_parse_prediction(answer) for answer in (first, second)]
-        if not all(any(_is_number(p) for p in candidates) for candidates in parsed):
+        if not all(parsed):
             return False
         return bool(verify(parsed[0], parsed[1], timeout_seconds=None))
     except (Exception, TimeoutException):

@@ -18,7 +18,8 @@ trl_grpo_ext; its modules split it by role:
                               `stop_memory_tracking`, `repeat_sampler_fields`, `raised_in_training_loop`, ...)
     `loop_state`              `GRPOLoopState`, the training loop's state that TRL and transformers do not checkpoint
     `transformers_internals`  what fast generation uses of transformers' internals (`compile_config_all_devices`,
-                              `compiles_in_one_graph`, `generate_cache_argument`, `drop_repeated_input_grad_hooks`)
+                              `compiles_in_one_graph`, `generate_cache_argument`, `drop_repeated_input_grad_hooks`,
+                              `generation_defaults`)
     `torch_internals`         what it reads of torch's (`compile_counters`: recompile-limit hits, CUDA-graph skips)
 
 `check_contact_surface()` runs when this package is imported: every private method must exist with the parameters
@@ -70,6 +71,7 @@ from .transformers_internals import (
     compiles_in_one_graph,
     drop_repeated_input_grad_hooks,
     generate_cache_argument,
+    generation_defaults,
 )
 
 __all__ = [
@@ -92,6 +94,7 @@ __all__ = [
     "compiles_in_one_graph",
     "drop_repeated_input_grad_hooks",
     "generate_cache_argument",
+    "generation_defaults",
     "grad_norm",
     "high_entropy_mask",
     "hook_name",

@@ -82,6 +82,7 @@ TRANSFORMERS_INTERNALS = (
     "CompileConfig._compile_all_devices",  # compile the decode step off CUDA
     "PreTrainedModel._can_compile_fullgraph",  # whether a model class compiles in one graph
     "PreTrainedModel.enable_input_require_grads registers make_inputs_require_grads",  # the hook found by name
+    "GenerationConfig._get_default_generation_params",  # the defaults the GSM8K evaluation sets explicitly
 )
 # torch internals fast generation reads (`torch_internals.compile_counters`), written against torch 2.13
 TORCH_INTERNALS = (
@@ -160,6 +161,7 @@ def _missing_transformers_internals(compile_config_class: type | None, model_cla
         "_compile_all_devices" in vars(compile_config_class),
         hasattr(model_class, "_can_compile_fullgraph"),
         f"def {_GRAD_HOOK}(" in inspect.getsource(model_class.enable_input_require_grads),
+        callable(getattr(transformers.GenerationConfig, "_get_default_generation_params", None)),
     )
     return [f"transformers {name} is gone (written against 5.24.0)" for name, ok in zip(TRANSFORMERS_INTERNALS, found,
                                                                                    strict=True) if not ok]  # fmt: skip

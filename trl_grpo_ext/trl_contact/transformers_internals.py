@@ -1,7 +1,8 @@
-"""The transformers internals the opt-in fast generation (`trl_grpo_ext.generation`) uses, each written against
-transformers 5.24.0 (and present from 5.18) and checked at import (`surface.TRANSFORMERS_INTERNALS`): the compile
-config off CUDA, the full-graph flag of a model class, the cache keyword of `generate`, and the repeated input-grad
-hooks of gradient checkpointing."""
+"""The transformers internals the opt-in fast generation (`trl_grpo_ext.generation`) and the GSM8K evaluation use,
+each written against transformers 5.24.0 (and present from 5.18) and checked at import
+(`surface.TRANSFORMERS_INTERNALS`): the compile config off CUDA, the full-graph flag of a model class, the cache
+keyword of `generate`, the repeated input-grad hooks of gradient checkpointing, and the defaults of every generation
+setting."""
 
 import inspect
 
@@ -76,3 +77,12 @@ def drop_repeated_input_grad_hooks(model: torch.nn.Module) -> int:
                       embeddings._forward_hooks_always_called):  # fmt: skip
             hooks.pop(key, None)
     return max(len(hook_ids) - 1, 0)
+
+
+def generation_defaults() -> dict:
+    """transformers' default of every generation setting it fills in when neither the call nor the model's
+    `generation_config.json` sets it (`GenerationConfig._get_default_generation_params`, private): name -> value.
+    The GSM8K evaluation sets each of them explicitly (`gsm8k.eval_generation.decoding_settings`)."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig._get_default_generation_params()
