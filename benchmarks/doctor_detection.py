@@ -5,8 +5,9 @@
 Labelled logs:
   * real runs of the tiny model on 2 CPU cores, each labelled by how it was made (before the doctor saw it):
       demo, demo_seed{1,2},   the CPU demo (recipes/configs/demo_cpu.yaml) as shipped, with two other seeds, and
-      demo_kl                 with beta=0.04: healthy, but the first three end with 5-9 steps without an informative
-                              generation group (relabelled from their logs in issue #30): no_signal
+      demo_kl                 with beta=0.04: the first three end with 5-9 steps without an informative generation
+                              group (relabelled from their logs in issue #30): no_signal; demo_kl's KL rises to 1.05
+                              nats/token (relabelled from its log in issue #58): kl_runaway
       no_noise_trl[_s1,_s2]   benchmarks/policy_groups_learning.py's `no_noise` mix, stock TRL (seeds 0-2), and
       continuous_trl          its `continuous` mix: learning runs whose completions run to max_completion_length (24
                               tokens; the random model rarely ends one and only some groups reward shortness):
@@ -26,7 +27,8 @@ Labelled logs:
   * synthetic logs: a healthy GRPO run's metrics with noise (5 seeds × logging every step or every 5 steps × with or
     without beta and policy groups) and, on that base, each failure kind injected (3 seeds each; a collapse to empty
     completions also leaves no signal). Every log is read as a whole run (`diagnose(..., ended=True)`), as
-    `trl-grpo-ext doctor` reads a run folder.
+    `trl-grpo-ext doctor` reads a run folder; the synthetic ones with the `num_generations` the callback would know
+    (16, or 2 for `small_groups`), the real ones without (as the command reads them, which skips `small_groups`).
 A finding counts as a detection when its kind is among the log's labels, as a false alarm otherwise. The real runs take
 about 6 minutes; `--runs FILE` reuses their logs from an earlier `--save-runs FILE` (`--rerun NAME ...` makes those
 again). `demo_seed{1,2}` and `no_noise_trl_s{1,2}` were added after the thresholds were set, as a check on them.
@@ -61,7 +63,8 @@ def kind_of(finding) -> str:
 def synthetic_log(failure: str | None, seed: int, steps: int = 150, every: int = 1, beta: float = 0.0,
                   groups: bool = False) -> list[dict]:  # fmt: skip
     """A healthy GRPO run's logged rows with noise, every `every` steps, with `failure` (a check's name, or
-    `no_signal_group`) injected from step 40 on."""
+    `no_signal_group`) injected from step 40 on (`no_update`, `small_groups`: from the start). The accuracy reward
+    is pass/fail (its std that of 0s and 1s over 64 completions)."""
     rng = np.random.default_rng(seed)
     t = np.arange(1, steps + 1)
     late = t >= 40
@@ -111,11 +114,19 @@ def synthetic_log(failure: str | None, seed: int, steps: int = 150, every: int =
         generation = 0.95 * step_time
     elif failure == "memory":
         peak = np.where(late, 23.4, peak)
+    elif failure == "no_update":  # a frozen model: a zero gradient (beta 0) or a policy equal to the reference
+        if seed % 2:
+            beta, kl = 0.04, np.zeros(steps)
+        else:
+            grad = np.zeros(steps)
+    elif failure == "small_groups":  # num_generations 2 (`settings_of`) at these pass rates: p² + (1 − p)² >= 0.52
+        frac = np.clip(accuracy**2 + (1 - accuracy) ** 2 + rng.normal(0, 0.04, steps), 0, 1)
     elif failure == "collapse":  # a learning rate that wrecks the model: empty answers, all scored alike
         length = np.where(late, np.abs(rng.normal(0.3, 0.2, steps)), length)
         accuracy, format_ = np.where(late, 0.0, accuracy), np.where(late, 0.0, format_)
         frac, reward_std = np.where(late, 1.0, frac), np.where(late, 0.0, reward_std)
     reward = accuracy + format_
+    binary_std = np.sqrt(np.clip(accuracy, 0, 1) * (1 - np.clip(accuracy, 0, 1)) * 64 / 63)
     rows = []
     for i in range(every - 1, steps, every):
         window = slice(i - every + 1, i + 1)
@@ -123,6 +134,7 @@ def synthetic_log(failure: str | None, seed: int, steps: int = 150, every: int =
                "reward": float(reward[window].mean()), "reward_std": float(reward_std[window].mean()),
                "frac_reward_zero_std": float(frac[window].mean()),
                "rewards/accuracy_reward/mean": float(accuracy[window].mean()),
+               "rewards/accuracy_reward/std": float(binary_std[window].mean()),
                "rewards/format_reward/mean": float(format_[window].mean()),
                "entropy": float(entropy[window].mean()), "completions/clipped_ratio": float(clipped[window].mean()),
                "completions/max_length": 512.0, "completions/mean_length": float(length[window].mean()),
@@ -140,7 +152,13 @@ def synthetic_log(failure: str | None, seed: int, steps: int = 150, every: int =
 
 
 FAILURES = ("no_signal", GROUP, "collapse", "truncation", "entropy_collapse", "entropy_explosion", "kl_runaway",
-            "format_only", "reward_plateau", "nonfinite", "grad_spikes", "generation_bound", "memory")  # fmt: skip
+            "format_only", "reward_plateau", "nonfinite", "no_update", "grad_spikes", "generation_bound", "memory",
+            "small_groups")  # fmt: skip
+
+
+def settings_of(failure: str | None) -> dict:
+    """The settings the callback would know of a synthetic log: num_generations 16, or 2 where groups are too small."""
+    return {"num_generations": 2 if failure == "small_groups" else 16}
 
 
 def synthetic_set() -> list[dict]:
@@ -149,7 +167,7 @@ def synthetic_set() -> list[dict]:
         for every in (1, 5):
             for beta, groups in ((0.0, False), (0.04, True)):
                 name = f"healthy_s{seed}_every{every}{'_kl_groups' if groups else ''}"
-                logs.append({"name": name, "source": "synthetic", "labels": [],
+                logs.append({"name": name, "source": "synthetic", "labels": [], "settings": settings_of(None),
                              "rows": synthetic_log(None, seed, every=every, beta=beta, groups=groups)})  # fmt: skip
     for failure in FAILURES:
         for seed in range(3):
@@ -159,6 +177,7 @@ def synthetic_set() -> list[dict]:
                 failure, [failure]
             )
             logs.append({"name": f"{failure}_s{seed}", "source": "synthetic", "labels": labels,
+                         "settings": settings_of(failure),
                          "rows": synthetic_log(failure, 100 + seed, every=1 + 4 * (seed == 2))})  # fmt: skip
     return logs
 
@@ -247,8 +266,9 @@ def _nonfinite_run(tmp: str) -> list[dict]:
 REAL_RUNS = {
     # the demo as shipped ends without signal (its last 5-9 steps: frac_reward_zero_std 1, as its dashboard shows),
     # but with beta 0.04 (its last 2 only): labelled from their logs in issue #30, when a state a run ends in
-    # became a finding
-    "demo": ["no_signal"], "demo_seed1": ["no_signal"], "demo_seed2": ["no_signal"], "demo_kl": [],
+    # became a finding. Rerun in issue #58, demo_kl's KL rises from 0.28 to 1.05 nats/token over steps 21-40, which
+    # kl_runaway reports (with the doctor before that issue's changes too): relabelled from its log, as it is
+    "demo": ["no_signal"], "demo_seed1": ["no_signal"], "demo_seed2": ["no_signal"], "demo_kl": ["kl_runaway"],
     "no_noise_trl": ["truncation"], "no_noise_trl_s1": ["truncation"], "no_noise_trl_s2": ["truncation"],
     "continuous_trl": ["truncation"],
     "no_noise_groups": [GROUP, "truncation"], "collapse_trl_s0": ["entropy_collapse", "no_signal", "truncation"],
@@ -264,7 +284,7 @@ def score(logs: list[dict]) -> tuple[str, dict]:
     per_log, kinds = [], {kind: {"labelled": 0, "detected": 0} for kind in FAILURES}
     false_alarms = []
     for log in logs:
-        diagnosis = diagnose(log["rows"], ended=True)  # each log is a whole run, as `trl-grpo-ext doctor` reads it
+        diagnosis = diagnose(log["rows"], log.get("settings"), ended=True)  # a whole run, as the command reads it
         found = sorted({kind_of(f) for f in diagnosis.findings})
         for kind in log["labels"]:
             kinds[kind]["labelled"] += 1

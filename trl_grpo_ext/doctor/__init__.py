@@ -3,10 +3,13 @@
     `checks`      what a check returns (`Finding`, `Skip`), the registry of checks by name (`CHECKS`, filled by
                   the check modules below, which this package imports in the order of the report), `diagnose`
                   (runs them on a log)
-    `learning`    the checks of whether the run learns: no signal (overall and per policy group), truncation,
-                  format-only learning, a reward plateau
-    `stability`   entropy collapse and explosion, KL runaway, non-finite values, gradient-norm spikes
-    `resources`   generation-bound steps, CUDA memory headroom
+    `learning`    the checks of whether the run learns: no signal (overall and per policy group), generation
+                  groups too small for the pass rate, collapsed completions, truncation, format-only learning, a
+                  reward plateau
+    `stability`   entropy collapse and explosion, KL runaway, non-finite values, parameters that do not change,
+                  gradient-norm spikes
+    `resources`   fast generation that fell back or stopped being fast, generation-bound steps, CUDA memory
+                  headroom
     `thresholds`  every threshold the checks use, with the source it comes from (`THRESHOLDS`)
     `series`      the logged rows as arrays: training rows, one metric's values, windows of steps, trends
     `run_dir`     a run folder's logs (`trainer_state.json` in it and in its checkpoints, the recipe's

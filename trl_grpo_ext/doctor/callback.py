@@ -69,8 +69,10 @@ class DoctorCallback(TrainerCallback):
         """The training rows logged so far."""
         return self.columns.rows
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._settings = settings_of(args)
+        if model is not None:  # what `no_update` reads: 0 for a model trained frozen (a PEFT adapter, stock TRL)
+            self._settings["trainable_parameters"] = sum(p.requires_grad for p in model.parameters())
         self.columns = Columns([dict(row) for row in training_rows(state.log_history)])  # a resumed run's earlier log
         self._start = time.perf_counter()
 

@@ -102,7 +102,8 @@ class Diagnosis:
 
 class Run:
     """The logged training rows of a run (`series.training_rows`, or the `series.Columns` the callback keeps), with
-    the settings known for it (a dict of `GRPOConfig` field values; empty when only the log is known)."""
+    the settings known for it (a dict of `GRPOConfig` field values, and the callback's `trainable_parameters`: the
+    parameter tensors that required gradients at the start of training; empty when only the log is known)."""
 
     def __init__(self, rows: "list[dict] | S.Columns", settings: dict | None = None, ended: bool = False):
         self.columns = rows if isinstance(rows, S.Columns) else S.Columns(rows)
@@ -141,13 +142,20 @@ class Run:
         return S.window_rows(steps, value(name))
 
     def tail(self, condition: np.ndarray) -> int:
-        """At the end of a run (`ended`), the number of last rows where `condition` (n,) bool holds, when they are
-        enough to report (`tail_rows`, or the last half of a shorter run, 2 at least); else 0."""
+        """At the end of a run (`ended`), the number of last rows that are in the state `condition` (n,) bool marks,
+        when they are enough to report; else 0. The tail is the longest run of last rows that starts at a row in the
+        state and has at most `tail_outliers` rows out of it (so one noisy step, the last one included, does not end
+        it); enough is `tail_rows` rows in the state, or the last half of a shorter run (2 at least)."""
         if not self.ended or not len(condition):
             return 0
-        held = len(condition) - int(np.flatnonzero(~condition)[-1]) - 1 if (~condition).any() else len(condition)
+        last_first = np.asarray(condition, dtype=bool)[::-1]  # (n,) the rows from the last one back
+        out = np.cumsum(~last_first)  # (n,) rows out of the state among the last k = 1..n
+        fits = np.flatnonzero(last_first & (out <= value("tail_outliers")))
+        if not len(fits):
+            return 0
+        length = int(fits[-1]) + 1
         need = min(int(value("tail_rows")), max(2, len(condition) // 2))
-        return held if held >= need else 0
+        return length if length - int(out[length - 1]) >= need else 0
 
     def now(self, name: str) -> str:
         """' (now <value>)' when the setting is known, else ''."""

@@ -13,9 +13,10 @@ class RunDoctorFields:
 
     run_doctor (`bool`, *optional*, defaults to `False`):
         Check the logged metrics at every log for the known ways a GRPO run wastes its steps (no learning
-        signal, overall and per policy group; truncation; entropy collapse or explosion; KL runaway; format-only
-        learning; a reward plateau; non-finite values; gradient-norm spikes; generation-bound steps; CUDA memory
-        headroom) and warn once per finding with its evidence and the setting to change
+        signal, overall and per policy group; generation groups too small for the pass rate; truncation; entropy
+        collapse or explosion; KL runaway; format-only learning; a reward plateau; non-finite values; parameters
+        that do not change; gradient-norm spikes; generation-bound steps; CUDA memory headroom) and warn once per
+        finding with its evidence and the setting to change
         (`trl_grpo_ext.doctor.DoctorCallback`). Also logs `timing/generation` and `timing/scoring` (seconds per
         optimizer step spent in `model.generate` and in scoring: rewards and log-probabilities) and, on CUDA,
         `memory/peak_reserved_gib` and `memory/total_gib`. Training is unchanged. `trl-grpo-ext doctor RUN_DIR`

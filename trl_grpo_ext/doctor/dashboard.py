@@ -7,9 +7,10 @@ from . import series as S
 from .checks import Diagnosis, Run
 
 # the panel each check's findings are marked on
-PANEL_OF = {"no_signal": "zero_std", "truncation": "clipped", "entropy_collapse": "entropy",
-            "entropy_explosion": "entropy", "kl_runaway": "kl", "format_only": "functions",
-            "reward_plateau": "reward", "nonfinite": "grad_norm", "grad_spikes": "grad_norm",
+PANEL_OF = {"no_signal": "zero_std", "small_groups": "zero_std", "truncation": "clipped",
+            "entropy_collapse": "entropy", "entropy_explosion": "entropy", "kl_runaway": "kl",
+            "format_only": "functions", "reward_plateau": "reward", "nonfinite": "grad_norm",
+            "no_update": "grad_norm", "grad_spikes": "grad_norm",
             "fast_generation": "time", "generation_bound": "time", "memory": "time"}  # fmt: skip
 PANELS = ("reward", "functions", "entropy", "kl", "clipped", "zero_std", "time", "grad_norm", "tokens")
 
@@ -61,10 +62,7 @@ def plot_dashboard(rows: list[dict], diagnosis: Diagnosis, path: str, title: str
     ax["zero_std"].set(title="No signal: generation groups with one reward", ylabel="fraction", ylim=(-0.05, 1.05))
     _plot_time(ax["time"], run)
     if _plot(ax["grad_norm"], run, "grad_norm", color="tab:red"):
-        _, norm = run.finite("grad_norm")
-        positive = norm[norm > 0]
-        if len(positive):  # logarithmic above the smallest norm, linear down to 0 (a step without signal has 0)
-            ax["grad_norm"].set_yscale("symlog", linthresh=float(positive.min()))
+        grad_norm_scale(ax["grad_norm"], run.finite("grad_norm")[1])
     else:
         _empty(ax["grad_norm"], "grad_norm not logged")
     ax["grad_norm"].set(title="Gradient norm (before clipping)")
@@ -88,6 +86,15 @@ def plot_dashboard(rows: list[dict], diagnosis: Diagnosis, path: str, title: str
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def grad_norm_scale(ax, norm: np.ndarray) -> None:
+    """The gradient-norm axis: logarithmic above the smallest positive norm and linear down to 0 (a step without
+    signal has 0) where the positive norms span a decade or more; linear otherwise, as a logarithmic axis over less
+    than a decade can hold no labelled tick."""
+    positive = norm[norm > 0]
+    if len(positive) and positive.max() >= 10 * positive.min():
+        ax.set_yscale("symlog", linthresh=float(positive.min()))
 
 
 def _plot_time(ax, run: Run) -> None:

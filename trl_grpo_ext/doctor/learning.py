@@ -1,5 +1,6 @@
 """The run doctor's checks of whether a run is learning: a signal to learn from (overall and per policy group),
-completions that end, a format learnt without the task, a reward that has stopped rising."""
+generation groups large enough for the pass rate, completions that end, a format learnt without the task, a reward
+that has stopped rising."""
 
 import numpy as np
 
@@ -46,7 +47,7 @@ def no_signal(run: Run) -> list[Finding] | Skip:
     steps, frac = run.finite("frac_reward_zero_std")
     width = run.window(steps, "persist_steps")
     threshold, findings = value("zero_std_frac"), []
-    tail = run.tail(frac >= threshold)  # at the end of a run: its last rows all without signal
+    tail = run.tail(frac >= threshold)  # at the end of a run: its last rows without signal (one noisy row let pass)
     if len(frac) < width and not tail:
         return too_short("no_signal", "frac_reward_zero_std", len(frac), width)
     reward_steps, reward = run.finite("reward")
@@ -75,9 +76,9 @@ def no_signal(run: Run) -> list[Finding] | Skip:
             "no_signal", "run",
             f"no learning signal{where} ({kind}): the completions of a prompt all get the same reward",
             f"frac_reward_zero_std {S.fmt(frac[end - width + 1 : end + 1])} over {span(steps, end, width)} "
-            f"(mean {np.nanmean(frac[end - width + 1 : end + 1]):.3g} >= {threshold}); reward {level:.3g} in the "
-            f"run's range "
-            f"[{low:.3g}, {high:.3g}]"
+            + (f"({int(np.sum(frac[-width:] >= threshold))} of the last {width} rows >= {threshold})" if where else
+               f"(mean {np.nanmean(frac[end - width + 1 : end + 1]):.3g} >= {threshold})")
+            + f"; reward {level:.3g} in the run's range [{low:.3g}, {high:.3g}]"
             + (f"; per reward function: {', '.join(per_function)}" if per_function else ""),
             fix[kind], int(steps[end]),
         ))  # fmt: skip
@@ -118,6 +119,79 @@ def _group_no_signal(run: Run, name: str, threshold: float, fix: dict) -> list[F
     )]  # fmt: skip
 
 
+# ----- small generation groups -----------------------------------------------------------------------------------
+
+
+def degenerate_share(p: np.ndarray, group: int) -> np.ndarray:
+    """p^G + (1 − p)^G: the share of generation groups of G completions that all pass or all fail when each passes
+    with probability p (n,), so that the group's advantages are 0 (DAPO, arXiv:2503.14476 §3.2). With the pass rate
+    varying over the prompts, the mean pass rate gives a lower bound (the function is convex in p)."""
+    return p**group + (1 - p) ** group
+
+
+def pass_fail_reward(run: Run) -> str | None:
+    """The reward function whose pass rate decides the run's learning signal: one named `*accuracy*` or `*correct*`
+    (or the run's only reward function) that scores each completion 0 or 1: its logged mean in [0, 1] and, where the
+    mean is strictly between, its variance at least `pass_fail_variance` of m(1 − m) (the most a reward in [0, 1]
+    can vary; 0 where the mean is 0 or 1). None when there is none."""
+    names = run.keys_like("rewards/", "/mean")
+    named = [name for name in names if "accuracy" in name.lower() or "correct" in name.lower()]
+    for name in named or (names if len(names) == 1 else []):
+        _, (mean, std) = run.aligned(f"rewards/{name}/mean", f"rewards/{name}/std")
+        if not len(mean) or mean.min() < 0 or mean.max() > 1:
+            continue
+        inside = (mean > 0) & (mean < 1)
+        share = std[inside] ** 2 / (mean[inside] * (1 - mean[inside]))
+        if (std[~inside] < 1e-6).all() and (not inside.any() or np.median(share) >= value("pass_fail_variance")):
+            return name
+    return None
+
+
+@check("small_groups")
+def small_groups(run: Run) -> list[Finding] | Skip:
+    """At the run's pass rate p (its pass/fail reward's mean, `pass_fail_reward`) and `num_generations` G, most
+    generation groups are expected to pass or fail as a whole, p^G + (1 − p)^G (`degenerate_share`), over a window:
+    at least `small_group_share`, and a G of at most `small_group_max` would bring it to `small_group_target` (else
+    the prompts are too hard or too easy for any G: no_signal's finding)."""
+    group = run.settings.get("num_generations")
+    if not group:
+        return Skip("small_groups", "needs num_generations, which the log does not hold: the callback knows it "
+                    "during training (run_doctor=True), `trl-grpo-ext doctor RUN_DIR` does not")  # fmt: skip
+    name = pass_fail_reward(run)
+    if name is None:
+        return Skip("small_groups", "needs a pass/fail reward (0 or 1 per completion, named *accuracy* or *correct*, "
+                    "or the only one; rewards/<name>/mean and /std); this run logs "
+                    f"{run.keys_like('rewards/', '/mean')}")  # fmt: skip
+    steps, p = run.finite(f"rewards/{name}/mean")
+    width = run.window(steps)
+    if len(p) < width:
+        return too_short("small_groups", f"rewards/{name}/mean", len(p), width)
+    expected = S.rolling_mean(degenerate_share(p, group), width)
+    most = int(value("small_group_max"))
+    fixable = S.rolling_mean(degenerate_share(p, most), width) <= value("small_group_target")
+    end = S.first_window((expected >= value("small_group_share")) & (expected < value("zero_std_frac")) & fixable,
+                         width)  # fmt: skip
+    if end is None:
+        return []
+    i, within = end - width + 1, p[end - width + 1 : end + 1]
+    larger = next(
+        g for g in range(group + 1, most + 1) if degenerate_share(within, g).mean() <= value("small_group_target")
+    )
+    measured = mean_between(run, "frac_reward_zero_std", steps[i], steps[end])
+    return [Finding(
+        "small_groups", "run", f"generation groups too small for the pass rate: {expected[i]:.0%} are expected to "
+        "pass or fail as a whole",
+        f"{name} (pass/fail) mean {np.mean(within):.3g} over {span(steps, end, width)} with num_generations {group}: "
+        f"p^G + (1 − p)^G = {expected[i]:.0%} of the generation groups all pass or all fail (>= "
+        f"{value('small_group_share'):.0%}); frac_reward_zero_std measured {measured:.2f}",
+        f"raise num_generations (now {group}) to {larger} or more (p^G + (1 − p)^G then "
+        f"{degenerate_share(within, larger).mean():.0%}), keeping the generation batch a multiple of it; or train "
+        "on prompts the model passes about half the time (p = 0.5 gives 2^(1 − G)); prompt_skip=True skips the "
+        "prompts whose groups agreed",
+        int(steps[end]),
+    )]  # fmt: skip
+
+
 # ----- completions ------------------------------------------------------------------------------------------------
 
 
@@ -143,7 +217,9 @@ def collapse(run: Run) -> list[Finding] | Skip:
     return [Finding(
         "collapse", "run", f"the completions collapsed to (almost) nothing{where}",
         f"completions/mean_length {S.fmt(length[end - width + 1 : end + 1])} tokens over {span(steps, end, width)} "
-        f"(<= {limit:g}), from {length[0]:.3g} at step {steps[0]}",
+        + (f"({int(np.sum(length[-width:] <= limit))} of the last {width} rows <= {limit:g})" if where else
+           f"(<= {limit:g})")
+        + f", from {length[0]:.3g} at step {steps[0]}",
         f"lower learning_rate{run.now('learning_rate')}: a pretrained model is trained with at most about 1e-5 in "
         "full fine-tuning and 2e-4 with LoRA (in the recipes --use_peft true, or "
         "--config recipes/configs/smollm2_cpu.yaml for a small model); check that no reward function pays for "

@@ -18,7 +18,8 @@ def fast_generation(run: Run) -> list[Finding] | Skip:
     causes = run.keys_like("fast_generation/fell_back/", "")
     troubles = [kind for kind in COMPILE_TROUBLE if len(run.finite(f"fast_generation/{kind}")[0])]
     if not causes and not troubles:
-        if run.settings.get("generation_compile") or run.settings.get("generation_lora_merge"):
+        on = run.settings.get("generation_compile") or run.settings.get("generation_lora_merge")
+        if on or run.keys_like("fast_generation/", ""):  # the settings, or (a run folder read alone) its metrics
             return []
         return missing("fast_generation", "fast_generation/...", "logged with generation_compile or "
                        "generation_lora_merge on")  # fmt: skip
@@ -28,7 +29,8 @@ def fast_generation(run: Run) -> list[Finding] | Skip:
         what, fix = CAUSES.get(cause, CAUSES["other"])
         findings.append(Finding(
             "fast_generation", "run", "fast generation fell back to TRL's generation",
-            f"fast_generation/fell_back/{cause} at step {steps[0]}: {what} (the training log's warning has the error)",
+            f"fast_generation/fell_back/{cause} at step {steps[0]}: {what} (the warning in the training log names the "
+            "error, fast_generation_fallback.log in the run folder holds its traceback)",
             fix, int(steps[0]),
         ))  # fmt: skip
     for kind in troubles:

@@ -1,10 +1,10 @@
 """The run doctor's checks of a run's stability: the entropy (collapse, explosion), the KL to the reference,
-non-finite values, gradient-norm spikes."""
+non-finite values, parameters that do not change, gradient-norm spikes."""
 
 import numpy as np
 
 from . import series as S
-from .checks import Finding, Run, Skip, check, missing, span, too_short
+from .checks import Finding, Run, Skip, check, mean_between, missing, span, too_short
 from .thresholds import value
 
 # ----- entropy ----------------------------------------------------------------------------------------------------
@@ -163,6 +163,59 @@ def _scaler_overflow_steps(run: Run) -> np.ndarray:
         rose = np.diff(counts, prepend=0.0) > 0
         found = np.union1d(found, count_steps[rose])
     return found
+
+
+FROZEN_FIX = (
+    "make the parameters trainable: a LoRA adapter loaded with PeftModel.from_pretrained(base, adapter_dir) is "
+    "frozen unless is_trainable=True is passed (or pass the base model with peft_config); a full model needs "
+    "requires_grad=True on its parameters"
+)
+
+
+@check("no_update")
+def no_update(run: Run) -> list[Finding] | Skip:
+    """The parameters did not change: none required gradients at the start of training (the callback's
+    `trainable_parameters`), or over `no_update_rows` logged rows in a row the learning rate was 0, or, at rows with a
+    learning signal (`frac_reward_zero_std` < 1), the gradient norm was exactly 0, or with beta > 0 the KL to the
+    reference was exactly 0 after the first row (the policy never left it). A frozen model trains silently: the
+    loss, the rewards and, with PEFT and beta > 0, even the gradient norm move as if it learnt (issue #58)."""
+    first = int(run.rows[0]["step"]) if run.rows else 0
+    if run.settings.get("trainable_parameters") == 0:
+        return [Finding("no_update", "run", "the parameters do not change: none is trainable",
+                        "no parameter required gradients at the start of training, so the optimizer holds none",
+                        FROZEN_FIX, first)]  # fmt: skip
+    need = int(value("no_update_rows"))
+    steps, rate = run.finite("learning_rate")
+    end = S.first_window(S.rolling_mean((rate == 0).astype(np.float64), need) == 1.0, need)
+    if end is not None:
+        return [Finding(
+            "no_update", "run", "the parameters do not change: the learning rate is 0",
+            f"learning_rate 0 at {span(steps, end, need)} ({need} logged rows in a row)",
+            f"set learning_rate above 0{run.now('learning_rate')}; with a warm-up, check warmup_steps against "
+            "max_steps", int(steps[end]),
+        )]  # fmt: skip
+    key = "kl" if len(run.finite("kl")[0]) else "grad_norm"  # with beta > 0 the KL says whether the policy moved
+    steps, (moved, frac) = run.aligned(key, "frac_reward_zero_std")
+    signal = (frac < 1) & (steps > first if key == "kl" else True)  # the first row's KL is 0 in any run
+    steps, moved = steps[signal], moved[signal]
+    if not len(rate) and not len(moved):
+        return missing("no_update", "grad_norm", "transformers logs it when it clips gradients, max_grad_norm > 0")
+    if len(moved) < need and len(rate) < need:
+        return too_short("no_update", f"{key} at rows with frac_reward_zero_std < 1", len(moved), need)
+    end = S.first_window(S.rolling_mean((moved == 0).astype(np.float64), need) == 1.0, need)
+    if end is None:
+        return []
+    clipped = mean_between(run, "completions/clipped_ratio", steps[end - need + 1], steps[end])
+    masked = ("; with mask_truncated_completions=True and every completion cut, no token is left to train on: raise "
+              "max_completion_length" if clipped >= 0.99 else "")  # fmt: skip
+    logging = "" if key == "kl" else "; an old DeepSpeed can log a gradient norm of 0 (modelscope/ms-swift#5890)"
+    return [Finding(
+        "no_update", "run", "the parameters do not change: " + ("the policy never leaves the reference" if key == "kl"
+                                                                 else "the gradient is 0 where there is a signal"),
+        f"{key} exactly 0 at {need} logged rows in a row with a learning signal ({span(steps, end, need)}, "
+        f"frac_reward_zero_std {S.fmt(frac[signal][end - need + 1 : end + 1])} < 1)",
+        FROZEN_FIX + masked + logging, int(steps[end]),
+    )]  # fmt: skip
 
 
 @check("grad_spikes")

@@ -57,6 +57,14 @@ THRESHOLDS: dict[str, Threshold] = {
         "over this many rows, or over the last half of a run shorter than twice that (2 rows at least)",
         "our choice: the CPU demo ends with 9 steps without signal, which its dashboard shows and a window missed",
     ),
+    "tail_outliers": Threshold(
+        1, "logged rows",
+        "the rows of a run's end that may be out of the state it ended in (the last row included): one noisy step "
+        "does not clear a state the run ended in",
+        "issue #58: the CPU demo has no signal over steps 30-39 and one noisy last step (40: 3 of its 4 generation "
+        "groups without signal), which cleared it; our measurement: a share of one row in five instead reports a "
+        "stock TRL benchmark run (no_noise_trl) as ending solved over its last 31 steps, 6 of which had a signal",
+    ),
     "collapsed_length": Threshold(
         2.0, "tokens",
         "collapsed completions: the mean completion length (TRL's `completions/mean_length`) at or below this, "
@@ -64,6 +72,37 @@ THRESHOLDS: dict[str, Threshold] = {
         "issue #30 (a user's run): SmolLM2-135M-Instruct full fine-tuned at the CPU demo's learning rate (0.003) "
         "answers with the empty string (1 token: the end of sequence) after one update; our measurement: the CPU "
         "demo's tiny model, which learns to end early, stays at 4-7 tokens",
+    ),
+    "small_group_share": Threshold(
+        0.5, "fraction of generation groups",
+        "small generation groups: over a window, p^G + (1 - p)^G, the share of generation groups whose G "
+        "completions all pass or all fail at the run's pass rate p, is at least this (and below `zero_std_frac`, "
+        "where it is `no_signal`'s finding): most groups have no advantage because G is small for p",
+        "DAPO, arXiv:2503.14476 §3.2 (all-pass and all-fail groups give no gradient); issue #58: num_generations=2 "
+        "at a 20% pass rate, 0.2^2 + 0.8^2 = 68% expected (72% measured), which the doctor missed; our choice of "
+        "half",
+    ),
+    "small_group_target": Threshold(
+        0.25, "fraction of generation groups",
+        "the share of all-pass or all-fail groups the num_generations a `small_groups` finding suggests brings "
+        "the expected share down to",
+        "our choice: three groups in four with a learning signal",
+    ),
+    "small_group_max": Threshold(
+        64, "completions per prompt",
+        "the largest num_generations a `small_groups` finding suggests: where even this many would leave more than "
+        "`small_group_target` of the groups all-pass or all-fail, the prompts are too hard or too easy for the "
+        "model, not the groups too small (`no_signal`'s advice), and there is no finding",
+        "our choice: 4x the 16 completions per prompt of DAPO (arXiv:2503.14476 §4.1); our measurement: the "
+        "synthetic all-wrong logs (pass rate 0.5%) would need about 280",
+    ),
+    "pass_fail_variance": Threshold(
+        0.8, "fraction of m(1 - m)",
+        "a reward function is pass/fail (each completion 0 or 1) when its logged variance (`rewards/<name>/std` "
+        "squared) is at least this share of m(1 - m), m its logged mean: the most a reward in [0, 1] can vary, "
+        "reached only when every value is 0 or 1",
+        "Bhatia and Davis, Amer. Math. Monthly 107(4), 2000 (the variance of values in [0, 1] with mean m is at "
+        "most m(1 - m)); our choice of 0.8, for rows that average several steps",
     ),
     "truncated_frac": Threshold(
         0.2, "fraction of completions",
@@ -132,6 +171,16 @@ THRESHOLDS: dict[str, Threshold] = {
         "our measurement: solved benchmark runs (entropy_collapse.py) end with a reward std of 0.2-0.3% of their "
         "range",
     ),
+    "no_update_rows": Threshold(
+        5, "logged rows",
+        "parameters that did not change: this many logged rows in a row, among those with a learning signal "
+        "(`frac_reward_zero_std` < 1), with a gradient norm of exactly 0 (or, with beta > 0, a KL to the reference "
+        "of exactly 0 after the first row), or with a learning rate of 0",
+        "issue #58: a model whose parameters are all frozen (a PEFT adapter loaded without is_trainable=True) logs "
+        "grad_norm 0 at every step (beta 0) or kl 0 (beta > 0, a fresh adapter); a run that learns has a norm of 0 "
+        "only where no generation group has a signal (the CPU demo's steps 27 and 30-39) and a KL above 0 after "
+        "its first update",
+    ),
     "grad_spike_ratio": Threshold(
         10.0, "times the median",
         "gradient-norm spike: a logged `grad_norm` at least this multiple of the median of the "
@@ -146,8 +195,8 @@ THRESHOLDS: dict[str, Threshold] = {
         0.9, "fraction of step time",
         "generation-bound: at least this share of the step time (TRL's `step_time`) went to `model.generate` "
         "(`timing/generation`, logged with `run_doctor`)",
-        "our measurement on an H200 (benchmarks/gpu_throughput.py): a preset's 40-58 s step is almost all "
-        "generation; TRL's docs on vLLM for the same reason",
+        "an H200 measurement of the earlier presets (benchmarks/gpu_throughput.py; today's presets have not run on "
+        "a GPU): their 40-58 s steps were almost all generation; TRL's docs on vLLM for the same reason",
     ),
     "memory_high": Threshold(
         0.95, "fraction of the card",

@@ -2,5 +2,6 @@
 imports nothing from here (the run doctor reads the metrics log `callbacks` writes, by its name `HISTORY_NAME`).
 
 * `callbacks`: `MetricsTableCallback`, a per-step table on stdout and, at the end, the metrics log and the plots.
-* `plots`: the reward/entropy curves and the policy groups' weights and rewards, with the training stages shaded.
+* `plots`: the reward, completion-length and entropy curves with a panel per feature that acted, and the policy
+  groups' weights and rewards, with the training stages shaded.
 """

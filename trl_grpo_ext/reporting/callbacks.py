@@ -29,7 +29,8 @@ HISTORY_NAME = "training_metrics.jsonl"
 
 
 class MetricsTableCallback(TrainerCallback):
-    """Print one table row per logged training step and, at the end, plot reward and entropy against the step.
+    """Print one table row per logged training step and, at the end, plot reward, completion length, entropy and
+    each feature's own metrics (when it logged them) against the step.
 
     Rows come from the logs TRL's `GRPOTrainer` writes (`reward`, `reward_std`, `entropy` in nats per token,
     `completions/mean_length` in tokens, `step_time` in seconds), so `logging_steps=1` gives a row per step; with
