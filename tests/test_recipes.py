@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -256,7 +257,9 @@ def test_ctrl_c_says_which_checkpoint_is_complete_and_the_resume_continues_the_f
     err = [line for line in stderr.splitlines() if line.startswith("math_gsm8k.py:")]
     assert len(err) == 1 and "Traceback" not in stderr, stderr
     head = f"math_gsm8k.py: interrupted at step 3; the last complete checkpoint is {out}/checkpoint-2 (step 2); "
-    assert err[0].startswith(head + "resume with: python ")
+    python = os.path.relpath(sys.executable)  # the venv's interpreter where it lies under the working folder
+    python = python if not python.startswith("..") and os.sep in python else "python"
+    assert err[0].startswith(head + f"resume with: {python} ")
     assert err[0].endswith(" --eval_limit 0 --resume_from_checkpoint true")
     monkeypatch.undo()
 

@@ -26,6 +26,12 @@ DIFFERS = {
     "correction": (True, True, "the last box is the answer (a model may correct itself); TRL reads a set {41, 42}"),
     "joined_to_box": (True, True, "a number joined to the box by 'or' is another candidate; TRL reads the box alone"),
     "same_twice": (True, True, "'or' joins alternatives whatever their values; TRL folds {42, 42} into 42"),
+    "boxes_joined": (
+        True,
+        True,
+        "boxes of two values with no correction between them are candidates; TRL reads the "
+        "last box alone when words stand between them",
+    ),
     "euler": (True, True, r"\mathrm{e} is Euler's number (42e is not 42); TRL drops it as a trailing unit"),
     "unicode_degree": (True, True, r"'°' is a degree sign as ^\circ is; TRL's units drop only ^\circ"),
     "bound": (True, True, r"'42 \text{ or more}' is a bound, not 42 (issue #32); TRL drops the trailing text"),
@@ -67,6 +73,22 @@ TABLE = [
     ("box_then_or_number", r"\boxed{42} or 43", "42", 0, 0, "joined_to_box"),
     ("number_or_box", r"41 or \boxed{42}", "42", 0, 0, "joined_to_box"),
     ("self_correction", r"\boxed{41} Wait, no: \boxed{42}", "42", 1, 1, "correction"),
+    # boxes side by side or joined by anything but a correction: candidates (a fresh review's forms, issue #58)
+    ("boxes_side_by_side", r"\boxed{41}\boxed{42}", "42", 0, 0, None),
+    ("boxes_spaced", r"\boxed{41}\ \ \boxed{42}", "42", 0, 0, None),
+    ("boxes_slash", r"\boxed{41} / \boxed{42}", "42", 0, 0, None),
+    ("boxes_either_or", r"Either \boxed{41}. Or \boxed{42}", "42", 0, 0, None),
+    ("boxes_else", r"If x then \boxed{41}, else \boxed{42}", "42", 0, 0, None),
+    ("boxes_otherwise", r"\boxed{41} \text{ otherwise } \boxed{42}", "42", 0, 0, "boxes_joined"),
+    ("boxes_or_on_lines", "\\boxed{41}\n\nOr:\n\n\\boxed{42}", "42", 0, 0, None),
+    ("box_question_or", r"\boxed{42}? Or 41.", "42", 0, 0, "joined_to_box"),
+    # working next to a box is not a candidate: a comma, "and", "to" (a fresh review's forms, issue #58)
+    ("working_comma_box", r"Step 1: 20 + 22 = 42, \boxed{42}", "42", 1, 1, None),
+    ("working_semicolon_box", r"Thus 6 \times 7 = 42; \boxed{42}", "42", 1, 1, None),
+    ("change_to_box", r"The price rose by 12 to \boxed{42}.", "42", 1, 1, None),
+    ("box_and_rest", r"\boxed{42} and 0 remain", "42", 1, 1, None),
+    ("box_to_places", r"\boxed{42} to 1 d.p.", "42", 1, 1, None),
+    ("box_double_braces", r"\boxed{{42}}", "42", 1, 1, None),
     ("self_correction_first", r"\boxed{41} Wait, no: \boxed{42}", "41", 0, 0, None),
     ("nested_boxes", r"\boxed{\boxed{42}}", "42", 1, 1, None),
     # hedges in running text

@@ -397,10 +397,10 @@ class GRPOTrainer(TRLContact):
                 self.remove_callback(termination)
         if termination.received is not None:
             logger.warning(
-                "Stopped by signal %d (SIGTERM) after step %d, whose checkpoint is saved in %s",
+                "Stopped by signal %d (SIGTERM) after step %d, whose checkpoint is saved: %s",
                 termination.received,
                 self.state.global_step,
-                self.args.output_dir,
+                os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"),
             )
             raise TrainingTerminated(termination.received, self.state.global_step)
         return output

@@ -399,7 +399,9 @@ class Interrupted(KeyboardInterrupt):
                 skip = True
             elif not arg.startswith("--resume_from_checkpoint="):
                 kept.append(arg)
-        command = shlex.join(["python", self.script, *kept, "--resume_from_checkpoint", "true"])
+        python = os.path.relpath(sys.executable)  # the interpreter that ran it (a venv's), as the doctor's hint does
+        python = python if not python.startswith("..") and os.sep in python else "python"
+        command = shlex.join([python, self.script, *kept, "--resume_from_checkpoint", "true"])
         return (f" at step {self.step}; the last complete checkpoint is {path} (step {checkpoint_step(path)}); "
                 f"resume with: {command}")  # fmt: skip
 

@@ -16,10 +16,11 @@ in every accuracy reward, whatever the gold: in a box (``\boxed{41, 42}``, ``\bo
 (``\boxed{41} \text{ or } \boxed{42}``, ``\boxed{41}, \boxed{42}``, ``\boxed{41} or 42``) or in running text ("41 or
 42", "either 41 or 42", "41, 42, or 43", "1, 2, 3", "between 41 and 43", "41 to 43"). Alternatives are recognised by
 their form: a comma, semicolon, en or em dash, "or", "and", "to", "through", "vs" between two numbers, or "maybe",
-"perhaps", "possibly", "between" in a box; "42 or 42" is a hedge too (the values are not compared). Not
-alternatives: "from 30 to 42" (a change), and boxes that follow each other without such a word: the last box is the
-answer, so that a model may correct itself ("\boxed{41} Wait, no: \boxed{42}" is 42). "41-42" is arithmetic (-1), as
-in TRL. A formula is not the number inside it: a box must parse to one value with no symbol, constant or function
+"perhaps", "possibly", "between" in a box (where "42 or 42" is a hedge too: the form is read). Next to a box only a
+word of choice joins a bare number of another value (``\boxed{42}? Or 41``), and two boxes of different values are
+candidates unless a correction or a next step stands between them ("\boxed{41} Wait, no: \boxed{42}" and
+"\boxed{5} then \boxed{8}" take the last box; ``\boxed{41}\boxed{42}`` is a hedge). Not alternatives: "from 30 to 42"
+(a change), working next to a box ("20 + 22 = 42, \boxed{42}"). "41-42" is arithmetic (-1), as in TRL. A formula is not the number inside it: a box must parse to one value with no symbol, constant or function
 left (``\boxed{42 + \mathrm{e}}``, ``\boxed{42/\mathrm{e}}``, ``\boxed{42\pi}``, ``\boxed{\log 42}`` are not 42; the
 rest of a box is never searched for a number), and in running text a number touching a symbol through an operator
 or a LaTeX function or constant ("42/e", "$\frac{42}{x}$", "$42\pi$", "$\log 42$") is no answer. Units are dropped
@@ -252,12 +253,48 @@ def _joined(before: str, after: str) -> bool:
     return bool(hedged or _JOINED_AFTER.match(after[:_JOIN_WINDOW]))
 
 
-def _boxed_alternatives(text: str, start: int, end: int) -> bool:
-    r"""Whether the box at ``text[start:end + 1]`` is joined to another candidate as an alternative:
-    ``\boxed{41} \text{ or } \boxed{42}``, ``41, \boxed{42}``, ``\boxed{42} or 43``; not ``\boxed{41} Wait, no:
-    \boxed{42}`` (a correction)."""
-    before = _plain(text[max(0, start - _JOIN_WINDOW) : start])
-    return _joined(before, _plain(text[end + 1 : end + 1 + _JOIN_WINDOW]))
+# Around a box only words offer an alternative to a bare number ("41 or \boxed{42}", "\boxed{42}? Or 41"): a comma,
+# "and" or "to" there is working ("20 + 22 = 42, \boxed{42}", "rose by 12 to \boxed{42}", "\boxed{42} and 0 remain").
+_OR = r"(?:\b(?:or|nor|either|maybe|perhaps|possibly|otherwise|else|vs|versus)\b|/)"
+_OR_BEFORE = re.compile(rf"(-?\d+(?:\.\d+)?)[\s$*.?!]*{_OR}[\s$*]*$", re.IGNORECASE)
+_OR_AFTER = re.compile(rf"[\s$*.?!,)]*{_OR}[\s$*(]*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+# Between two boxes of different values: a correction or a next step keeps the last one ("\boxed{41} Wait, no:
+# \boxed{42}", "\boxed{5} then \boxed{8}"); a word of choice, or nothing but marks, makes them candidates
+# ("\boxed{41}\boxed{42}", "\boxed{41}, else \boxed{42}", "If x then \boxed{41}, otherwise \boxed{42}").
+_BRACED_NUMBER = re.compile(r"[\s\d.,$%+\-]+")
+_CORRECTION = re.compile(
+    r"\b(?:wait|no|not|actually|correct(?:ion|ed|ing)?|mistake|wrong|error|oops|sorry|instead|re-?check(?:ed|ing)?|"
+    r"re-?calculat\w*|fix(?:ed)?|revis\w*|hold on|let me|then|so|thus|therefore|hence|finally|next|total)\b",
+    re.IGNORECASE,
+)
+_ALTERNATIVE = re.compile(_OR, re.IGNORECASE)
+
+
+def _same_value(first: str, second: str) -> bool:
+    """Whether two answer texts are the same number as written ("42" and "42.0"), without math-verify."""
+    try:
+        return float(first.replace(",", "")) == float(second.replace(",", ""))
+    except ValueError:
+        return first.strip() == second.strip()
+
+
+def _boxed_alternatives(text: str, start: int, begin: int, end: int) -> bool:
+    r"""Whether the box at ``text[start:end + 1]`` (content ``text[begin:end]``) is one of several candidates: another
+    box of another value before it with no correction between them (``oxed{41} 	ext{ or } oxed{42}``,
+    ``oxed{41}oxed{42}``, `_CORRECTION`), or a bare number of another value joined to it by a word of choice
+    (``41 or oxed{42}``, ``oxed{42}? Or 41``, `_OR`). Not ``oxed{41} Wait, no: oxed{42}`` (a correction)
+    nor ``20 + 22 = 42, oxed{42}`` (working)."""
+    value = text[begin:end].strip()
+    window = max(0, start - _JOIN_WINDOW)
+    previous = text.rfind(_BOXED, window, start)
+    span = _boxed_span(text, previous) if previous != -1 else None
+    if span is not None and span[1] < start:
+        other, between = text[span[0] : span[1]].strip(), text[span[1] + 1 : start]
+        if not _same_value(other, value) and (_ALTERNATIVE.search(between) or not _CORRECTION.search(between)):
+            return True
+    before = _OR_BEFORE.search(_plain(text[window:start]))
+    after = _OR_AFTER.match(_plain(text[end + 1 : end + 1 + _JOIN_WINDOW]))
+    return any(m is not None and not _same_value(m.group(1), value) for m in (before, after))
 
 
 def extract_final_answer(text: str, strict: bool = False) -> str | None:
@@ -292,7 +329,14 @@ def _extract_final_answer(text: str, strict: bool) -> str | None:
     box = _last_box(tail)
     if box is not None:
         start, begin, end = box
-        return None if _boxed_alternatives(tail, start, end) else tail[begin:end].strip()
+        content = tail[begin:end].strip()
+        while (
+            content.startswith("{")
+            and _closing_brace(content, 0) == len(content) - 1
+            and _BRACED_NUMBER.fullmatch(content[1:-1])
+        ):
+            content = content[1:-1].strip()  # \boxed{{42}}: a number in extra braces ({n \choose k} keeps them)
+        return None if _boxed_alternatives(tail, start, begin, end) else content
     if strict:
         return None
     try:
