@@ -20,8 +20,9 @@ their form: a comma, semicolon, en or em dash, "or", "and", "to", "through", "vs
 word of choice joins a bare number of another value (``\boxed{42}? Or 41``), and two boxes of different values are
 candidates unless a correction or a next step stands between them ("\boxed{41} Wait, no: \boxed{42}" and
 "\boxed{5} then \boxed{8}" take the last box; ``\boxed{41}\boxed{42}`` is a hedge). Not alternatives: "from 30 to 42"
-(a change), working next to a box ("20 + 22 = 42, \boxed{42}"). "41-42" is arithmetic (-1), as in TRL. A formula is not the number inside it: a box must parse to one value with no symbol, constant or function
-left (``\boxed{42 + \mathrm{e}}``, ``\boxed{42/\mathrm{e}}``, ``\boxed{42\pi}``, ``\boxed{\log 42}`` are not 42; the
+(a change), working next to a box ("20 + 22 = 42, \boxed{42}"). "41-42" is arithmetic (-1), as in TRL. A formula
+is not the number inside it: a box must parse to one value with no symbol, constant or function left
+(``\boxed{42 + \mathrm{e}}``, ``\boxed{42/\mathrm{e}}``, ``\boxed{42\pi}``, ``\boxed{\log 42}`` are not 42; the
 rest of a box is never searched for a number), and in running text a number touching a symbol through an operator
 or a LaTeX function or constant ("42/e", "$\frac{42}{x}$", "$42\pi$", "$\log 42$") is no answer. Units are dropped
 before parsing, as TRL's ``accuracy_reward`` drops them: ``42^\circ``, ``42°``, ``42\%``, ``\$42``,
