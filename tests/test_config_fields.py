@@ -306,6 +306,8 @@ def test_a_temperature_in_generation_kwargs_warns_that_log_probabilities_use_tem
     with pytest.warns(UserWarning, match=r"generation_kwargs temperature=0\.7 samples the completions, but the log-pro"
                       r"babilities, the entropy and the entropy target are computed at temperature=1\.0"):  # fmt: skip
         GRPOConfig(**small_grpo_kwargs(tmp_path, generation_kwargs={"temperature": 0.7}))
+    with pytest.warns(UserWarning, match=r"generation_kwargs do_sample=False makes every completion of a prompt"):
+        GRPOConfig(**small_grpo_kwargs(tmp_path, generation_kwargs={"do_sample": False}))
     for kwargs in ({"temperature": 1.0}, {"top_p": 0.9}, None):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

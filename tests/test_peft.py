@@ -87,6 +87,10 @@ def test_an_adapter_loaded_frozen_is_refused_with_the_cause_and_the_fix(tiny_mod
     with pytest.raises(ValueError, match=r"loaded without is_trainable=True .* is_trainable=True\), or pass the base"):
         GRPOTrainer(model=frozen, reward_funcs=[length_reward], args=args, train_dataset=dataset)
 
+    frozen.base_model.model.lm_head.requires_grad_(True)  # another part trainable: the adapters still never train
+    with pytest.raises(ValueError, match=r"LoRA adapters are frozen: they were loaded without is_trainable=True"):
+        GRPOTrainer(model=frozen, reward_funcs=[length_reward], args=args, train_dataset=dataset)
+
     plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir).requires_grad_(False)
     with pytest.raises(ValueError, match=r"\(Qwen2ForCausalLM\) has no trainable parameter"):
         GRPOTrainer(model=plain, reward_funcs=[length_reward], args=args, train_dataset=dataset)

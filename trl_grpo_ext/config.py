@@ -100,12 +100,20 @@ class GRPOConfig(*(part.fields for part in reversed(FEATURE_CONFIGS)), TRLGRPOCo
 
     def _check_trl_fields(self) -> None:
         """Values of transformers' and TRL's own fields that they accept but that cannot mean what was asked; a
-        warning (`UserWarning`) for a temperature in `generation_kwargs` other than `temperature`."""
+        warning (`UserWarning`) for a temperature in `generation_kwargs` other than `temperature`, and for
+        `do_sample=False` there (greedy completions: equal within a generation group)."""
         steps = self.max_steps
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < -1:
             raise ValueError(
                 f"max_steps must be a number of optimizer steps >= 1, or -1 (or 0) to train for num_train_epochs, "
                 f"got {steps!r}"
+            )
+        if (self.generation_kwargs or {}).get("do_sample") is False:
+            warnings.warn(
+                "generation_kwargs do_sample=False makes every completion of a prompt the same greedy one: GRPO's "
+                "generation groups then carry no signal (their rewards are equal); drop it from generation_kwargs",
+                UserWarning,
+                stacklevel=3,
             )
         sampled = (self.generation_kwargs or {}).get("temperature")
         if sampled is not None and sampled != self.temperature:

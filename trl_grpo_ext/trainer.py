@@ -91,12 +91,20 @@ def _check_trainable(model) -> None:
 
     Raises:
         ValueError: naming the cause and the fix; for a PEFT model, the adapters loaded frozen (PEFT's
-            `PeftModel.from_pretrained` loads them with `is_trainable=False` unless told otherwise).
+            `PeftModel.from_pretrained` loads them with `is_trainable=False` unless told otherwise), also when
+            another parameter (an unfrozen `lm_head`) is trainable.
     """
-    if any(p.requires_grad for p in model.parameters()):
-        return
     from peft import PeftModel
 
+    adapters = [p for name, p in model.named_parameters() if "lora_" in name]
+    if isinstance(model, PeftModel) and adapters and not any(p.requires_grad for p in adapters):
+        raise ValueError(
+            "the model's LoRA adapters are frozen: they were loaded without is_trainable=True "
+            "(PeftModel.from_pretrained's default), so training would change nothing of them; load them with "
+            "PeftModel.from_pretrained(base, adapter_dir, is_trainable=True), or pass the base model with peft_config"
+        )
+    if any(p.requires_grad for p in model.parameters()):
+        return
     if isinstance(model, PeftModel):
         raise ValueError(
             "the model has no trainable parameter: its LoRA adapters were loaded without is_trainable=True "
