@@ -29,18 +29,16 @@ import dataclasses
 import difflib
 import logging
 import os
-import platform
 import re
 import shlex
 import signal
 import sys
-import time
-import traceback
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from ..gsm8k.data import DatasetFormatError
+from ..traceback_log import VERSIONED_PACKAGES, versions, write_traceback  # noqa: F401 - re-exported
 from .optional_dependencies import MissingDependencyError
 
 DEBUG_ENV = "TRL_GRPO_EXT_DEBUG"
@@ -407,53 +405,14 @@ class Interrupted(KeyboardInterrupt):
 
 
 ERROR_LOG = "error.log"  # in the run's output_dir: the traceback of an error raised after training started
-VERSIONED_PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate")
-
-
-def versions() -> dict[str, str]:
-    """What an error report needs to reproduce the run: python (and the platform), `VERSIONED_PACKAGES` ("not
-    installed" for one missing), trl_grpo_ext, and the CUDA device ("none" without one). Never raises."""
-    from importlib import metadata
-
-    from .. import __version__
-
-    found = {"python": f"{platform.python_version()} ({platform.platform()})"}
-    for name in VERSIONED_PACKAGES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = "not installed"
-    found["trl_grpo_ext"] = __version__
-    try:
-        import torch
-
-        found["cuda device"] = "none"
-        if torch.cuda.is_available():
-            name = torch.cuda.get_device_name(torch.cuda.current_device())
-            found["cuda device"] = f"{name} (CUDA {torch.version.cuda})"
-    except Exception as error:  # noqa: BLE001 - a broken CUDA state is reported, not raised over the error logged
-        found["cuda device"] = f"unknown ({type(error).__name__}: {error})"
-    return found
 
 
 def write_error_log(output_dir: str, error: BaseException) -> Path | None:
-    """Write `<output_dir>/ERROR_LOG`: the time, the command line, `versions()` and the full traceback of `error`.
-
-    The main process (`RANK` 0 or unset) writes `error.log`, process k `error.log.<k>`, so that an error raised on
-    one process only keeps its traceback too. Returns the file's path, or None when it cannot be written (a full
-    disk, a read-only folder): the error is reported either way.
-    """
+    """Write `<output_dir>/ERROR_LOG` (`write_traceback`). The main process (`RANK` 0 or unset) writes `error.log`,
+    process k `error.log.<k>`, so that an error raised on one process only keeps its traceback too. Returns the
+    file's path, or None when it cannot be written."""
     rank = os.environ.get("RANK", "0")
-    path = Path(output_dir) / (ERROR_LOG if rank == "0" else f"{ERROR_LOG}.{rank}")
-    header = [time.strftime("%Y-%m-%d %H:%M:%S %Z"), f"command: {shlex.join([sys.executable, *sys.argv])}",
-              f"working folder: {os.getcwd()}", ""]  # fmt: skip
-    header += [f"{name}: {value}" for name, value in versions().items()]
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("\n".join(header) + "\n\n" + "".join(traceback.format_exception(error)))
-    except OSError:
-        return None
-    return path
+    return write_traceback(Path(output_dir) / (ERROR_LOG if rank == "0" else f"{ERROR_LOG}.{rank}"), error, [])
 
 
 def raised_in_training(error: BaseException) -> bool:

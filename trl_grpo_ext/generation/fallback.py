@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..fallback_words import CAUSES
+from ..traceback_log import write_traceback
 
 # (cause, lower-case fragments of an error message in the chain that mean it), tried in this order
 _MESSAGES = (
@@ -77,22 +78,11 @@ FALLBACK_LOG = "fast_generation_fallback.log"
 def write_fallback_log(output_dir: str, process_index: int, error: BaseException, where: str) -> Path | None:
     """Write the full traceback of the error fast generation fell back on (its first line alone is in the warning:
     a compiler's output, inductor's generated code, are below it) to `<output_dir>/fast_generation_fallback.log`
-    (`...log.<process index>` on processes other than the first), with where it happened and the versions. Returns
-    the path, or None when it cannot be written (the run goes on)."""
-    import platform
-    import traceback
-
+    (`...log.<process index>` on processes other than the first), with where it happened and the versions
+    (`traceback_log.write_traceback`, as `error.log`). Returns the path, or None when it cannot be written (the run
+    goes on)."""
     name = FALLBACK_LOG if process_index == 0 else f"{FALLBACK_LOG}.{process_index}"
-    path = Path(output_dir) / name
-    header = [f"fast generation fell back {where}", f"python {platform.python_version()}, torch {torch.__version__}"]
-    if torch.cuda.is_available():
-        header.append(f"CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("\n".join(header) + "\n\n" + "".join(traceback.format_exception(error)))
-    except OSError:
-        return None
-    return path
+    return write_traceback(Path(output_dir) / name, error, [f"fast generation fell back {where}"])
 
 
 class RNGState:
