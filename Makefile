@@ -2,13 +2,14 @@
 #   make demo   create .venv, install, train the tiny model on the CPU demo (recipes/configs/demo_cpu.yaml)
 #   make test   create .venv, install, run the test suite
 # and for CI: make test-oldest   the contact-surface subset of the suite against the oldest trl/transformers allowed
+#             make test-engines  DeepSpeed ZeRO-2/3, FSDP2 and vLLM colocate for real, on CPU processes
 #             make wheel-check   the wheel built, installed into a clean venv, imported and its command run from there
 #             make docs          the documentation site (docs/, mkdocs.yml) built into site/, warnings as errors
 # make docs-serve serves the site at http://127.0.0.1:8000 and rebuilds it on every change.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-oldest wheel-check docs docs-serve
+.PHONY: demo test test-oldest test-engines wheel-check docs docs-serve
 $(VENV)/.installed: pyproject.toml scripts/setup.sh scripts/torch_spec.sh scripts/pip_install.py
 	bash scripts/setup.sh $(VENV)
 
@@ -22,7 +23,16 @@ demo: $(VENV)/.installed
 TEST_WORKERS ?= 2
 TESTS ?= tests
 test: $(VENV)/.installed
-	$(PY) -m pytest $(TESTS) -n $(TEST_WORKERS) $(ARGS)
+	$(PY) -m pytest $(TESTS) --ignore=tests/engines -n $(TEST_WORKERS) $(ARGS)
+
+# The real engines (tests/engines/): DeepSpeed ZeRO-2 and ZeRO-3 and FSDP2 on 2 CPU processes over gloo, and TRL's
+# vLLM colocate mode on vLLM's CPU build, in an environment of their own outside the clone (scripts/engines_setup.sh;
+# reused while pyproject.toml and the script are unchanged). One pytest process: each engine job already runs 2
+# processes on the 2 cores. TRL_GRPO_EXT_ENGINES=1: a missing engine fails the stage instead of skipping it.
+ENGINES_VENV ?= $(HOME)/.cache/trl-grpo-ext/engines-venv
+test-engines:
+	bash scripts/engines_setup.sh $(ENGINES_VENV)
+	TRL_GRPO_EXT_ENGINES=1 VLLM_CPU_KVCACHE_SPACE=1 $(ENGINES_VENV)/bin/python -m pytest tests/engines -p no:xdist $(ARGS)
 
 # The tests that exercise every contact with TRL's and transformers' private API (trl_grpo_ext/trl_contact/), one
 # run each: the import-time check; stock equivalence (the forwarding overrides); exact resume inside a generation

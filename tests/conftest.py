@@ -89,15 +89,21 @@ def small_grpo_kwargs(output_dir, **overrides) -> dict:
 @pytest.fixture(scope="session")
 def two_process_runs(request, tiny_model_dir, tmp_path_factory) -> dict:
     """The records of every two-process scenario the selected tests read (tests/two_process.py), from one
-    `accelerate launch` run the first time a test asks: {scenario: [rank 0's record, rank 1's]}. pytest-xdist workers
-    share it: the base temp folder's parent is common to them, and a file lock lets one run the job."""
+    `accelerate launch` run per engine the first time a test asks: {scenario: [rank 0's record, rank 1's]}.
+    pytest-xdist workers share them: the base temp folder's parent is common to them, and a file lock per engine lets
+    one run each job."""
     from filelock import FileLock
 
-    from tests.two_process import launch, selected_scenarios
+    from tests.two_process import SCENARIOS, launch, selected_scenarios
 
     names = selected_scenarios(request.session.items)
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent
-    with FileLock(str(root / "two-process.lock")):
-        return launch(names, tiny_model_dir, root / "two-process")
+    records = {}
+    for engine in dict.fromkeys(SCENARIOS[name]["engine"] for name in names):  # one job per engine, in test order
+        job = [name for name in names if SCENARIOS[name]["engine"] == engine]
+        folder = "two-process" if engine == "ddp" else f"two-process-{engine}"
+        with FileLock(str(root / f"{folder}.lock")):
+            records |= launch(job, tiny_model_dir, root / folder)
+    return records

@@ -16,6 +16,7 @@ import math
 import subprocess
 import sys
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 from datasets import Dataset
@@ -83,15 +84,33 @@ class ScriptedCompletions(GRPOTrainer):
         return completions, None
 
 
+class NonFiniteLoss:
+    """Mixed into a trainer class: the training loss of optimizer step `nan_step` (1-based, as logged) is NaN, so every
+    gradient of that step is NaN: a bad batch at a chosen step."""
+
+    nan_step: int
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        loss = super().compute_loss(model, inputs, *args, **kwargs)
+        if self.model.training and self.state.global_step + 1 == self.nan_step:
+            return loss * float("nan")
+        return loss
+
+
 def build_trainer(config: dict, model_dir: str, output_dir: str) -> tuple[GRPOTrainer, RecordingReward]:
     """A trainer on seeded GSM8K-style problems; `config` holds GRPOConfig overrides plus `lora` (rank) and
     `num_problems` (dataset size, default 8: a few steps cross several epochs), `half_solved` (every other problem
-    gets reward 1 for every completion: generation groups with nothing to learn) and `scripted` (training completions
-    from `ScriptedCompletions`)."""
+    gets reward 1 for every completion: generation groups with nothing to learn), `scripted` (training completions
+    from `ScriptedCompletions`) and `nan_step` (that step's loss is NaN: `NonFiniteLoss`)."""
     config = dict(config)
     lora_rank = config.pop("lora", None)
     num_problems = config.pop("num_problems", 8)
     trainer_class = ScriptedCompletions if config.pop("scripted", False) else GRPOTrainer
+    nan_step = config.pop("nan_step", None)
+    if nan_step is not None:
+        trainer_class = type(
+            "NonFinite" + trainer_class.__name__, (NonFiniteLoss, trainer_class), {"nan_step": nan_step}
+        )
     rows = to_grpo_rows(synthetic_gsm8k(num_problems, seed=2))
     if config.pop("half_solved", False):
         rows = [{**row, "solved": i % 2 == 0} for i, row in enumerate(rows)]
@@ -108,11 +127,34 @@ def build_trainer(config: dict, model_dir: str, output_dir: str) -> tuple[GRPOTr
     return trainer, reward
 
 
+def trainable_parameters(trainer) -> dict:
+    """The trainer's trainable parameters by name, whole, as fp32 CPU copies: FSDP2's `DTensor` shards gathered
+    (`full_tensor`) and ZeRO-3's partitions too (`deepspeed.zero.GatheredParameters`), both collectives that every
+    process calls alike."""
+    from torch.distributed.tensor import DTensor
+
+    # FSDP's activation checkpointing wraps each layer: its names gain "._checkpoint_wrapped_module", dropped here
+    named = [(n.replace("._checkpoint_wrapped_module", ""), p) for n, p in trainer.model.named_parameters()]
+    named = [(n, p) for n, p in named if p.requires_grad]
+    if any(hasattr(p, "ds_id") for _, p in named):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([p for _, p in named]):
+            return {n: p.detach().float().cpu().clone() for n, p in named}
+    return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().float().cpu().clone() for n, p in named}
+
+
 def run_phase(
-    config: dict, model_dir: str, output_dir: str, resume_from: str | None = None, end: bool = False
+    config: dict,
+    model_dir: str,
+    output_dir: str,
+    resume_from: str | None = None,
+    end: bool = False,
+    inspect: Callable[[GRPOTrainer], dict] | None = None,
 ) -> dict:
     """Train and return what the comparison needs: logged rows, prompts seen, final parameters (as lists); with
-    `first_params=True` in `config`, also the parameters before training (`first_params`).
+    `first_params=True` in `config`, also the parameters before training (`first_params`); with `inspect`, what it
+    returns for the trained trainer (`inspected`: the engine it ran under, say).
 
     `end=True` closes the trainer's process group (the last call of a worker process)."""
     config = dict(config)
@@ -120,18 +162,20 @@ def run_phase(
     trainer, reward = build_trainer(config, model_dir, output_dir)
 
     def trainable():
-        return {n: p.detach().float().cpu().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+        return trainable_parameters(trainer)
 
     first = trainable() if record_first else None
     trainer.train(resume_from_checkpoint=resume_from)
-    if end:
-        trainer.end()  # without it, gloo's threads can abort the process at exit ("terminate called ...")
+    inspected = inspect(trainer) if inspect is not None else None
     record = {
         "logs": [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in trainer.state.log_history],
         "prompts": reward.calls,
-        "params": trainable(),
+        "params": trainable(),  # before `end`: gathering sharded weights is a collective
+        "output_dir": output_dir,
     }
-    return record | ({"first_params": first} if record_first else {})
+    if end:
+        trainer.end()  # without it, gloo's threads can abort the process at exit ("terminate called ...")
+    return record | ({"first_params": first} if record_first else {}) | ({"inspected": inspected} if inspect else {})
 
 
 def compare(full: dict, resumed: dict, resume_step: int) -> float:

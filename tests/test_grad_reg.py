@@ -4,12 +4,10 @@ non-finite guard, resume, config checks, LoRA and the DeepSpeed path (with a sta
 import copy
 import logging
 import math
-from collections import defaultdict
-from types import SimpleNamespace
+import re
 
 import pytest
 import torch
-from accelerate.utils import DistributedType
 from datasets import Dataset
 from peft import LoraConfig
 from torch.testing import assert_close
@@ -19,9 +17,11 @@ from tests.conftest import length_reward, small_grpo_kwargs
 from tests.resume_check import check_resume
 from tests.two_process import full_records, two_process
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
+from trl_grpo_ext.grad_reg import config as grad_reg_config
 from trl_grpo_ext.grad_reg.adaptive_kl import AdaptiveKL, per_token_kl
 from trl_grpo_ext.grad_reg.clipping import ZClip, adaptive_clip_, agc_applies, unitwise_norm
-from trl_grpo_ext.grad_reg.feature import GradReg, NonFiniteGradientError
+from trl_grpo_ext.grad_reg.config import check_deepspeed
+from trl_grpo_ext.grad_reg.feature import NonFiniteGradientError
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 from trl_grpo_ext.resume import checkpoint_problem
 
@@ -417,51 +417,44 @@ def test_lora_trains_with_zclip_agc_and_adaptive_kl(tiny_model_dir, tmp_path):
     assert_close(trainer.beta, expected[2] * (1 + min(max(kl[2] / 0.01 - 1, -0.2), 0.2) * 8 / 100), rtol=1e-6, atol=0)
 
 
-# --- DeepSpeed ZeRO-1/2 path, with a stand-in for the engine (DeepSpeed is not installed here) ----------------------
+# --- DeepSpeed and FSDP: what is refused before the model loads. The engines themselves run in
+# tests/engines/test_engines.py (real DeepSpeed ZeRO-2/3 and FSDP2 on 2 CPU processes).
 
 
-class _DeepSpeedTrainer:
-    """Stands for the trainer under DeepSpeed, calling the `GradReg` feature where `trainer.GRPOTrainer` does:
-    DeepSpeed has taken the step, and transformers' clipping (the `clip` that `GradReg.clip_gradients` gets, TRL's
-    `_clip_grad_norm`) reports the norm it saw."""
-
-    def __init__(self, norms, grad_reg):
-        self.norms = list(norms)
-        config = GRPOConfig(
-            **small_grpo_kwargs("unused", grad_reg=grad_reg, zclip_warmup_steps=2, zclip_z_threshold=2.0)
-        )
-        self.args = config
-        self.accelerator = SimpleNamespace(distributed_type=DistributedType.DEEPSPEED, scaler=None)
-        self.deepspeed = SimpleNamespace(optimizer=SimpleNamespace(clip_grad=1.0))
-        self.state = SimpleNamespace(global_step=0)
-        self._metrics = defaultdict(lambda: defaultdict(list))
-        self.feature = GradReg.build(self)
-        self.grad_reg_state = self.feature.state()
-
-    def training_step(self, model):
-        self.feature.training_step(model)
-
-    def hook_clip_grad_norm(self, model):
-        return self.feature.clip_gradients(model, lambda model: self.norms.pop(0))
-
-
-def test_deepspeed_path_sets_the_clip_before_each_step():
-    trainer = _DeepSpeedTrainer([0.1, 0.3, 0.9, math.inf], ["zclip"])
-    applied = []
-    for _ in range(4):
-        trainer.training_step(None)
-        applied.append(trainer.deepspeed.optimizer.clip_grad)
-        trainer.hook_clip_grad_norm(None)
-    # warm-up (2 norms): max_grad_norm 1.0; then mean 0.2, std 0.1: 0.2 + 2 * 0.1 = 0.4; the norm 0.9 has z = 7 > 2,
-    # clip value 0.2 + 4 * 0.01 / 0.7 = 0.257143 -> mean 0.97*0.2 + 0.03*0.257143 = 0.201714, so the next bound is
-    # 0.201714 + 2 * sqrt(0.97*0.01 + 0.03*(0.257143 - 0.201714)^2) = 0.201714 + 2 * sqrt(0.009792) = 0.399625
-    assert_close(applied, [1.0, 1.0, 0.4, 0.399625], rtol=1e-5, atol=0)
-    metrics = trainer._metrics["train"]
-    assert metrics["grad_reg/clipped"] == [0.0, 0.0, 1.0]
-    assert_close(metrics["grad_reg/z"], [7.0], rtol=1e-5, atol=0)
-    assert trainer.grad_reg_state.skipped == 1 and metrics["grad_reg/skipped_steps"][-1] == 1.0  # the inf norm
+def test_grad_reg_is_refused_where_deepspeed_would_apply_a_nan_step(tmp_path, monkeypatch):
+    """Releases before DEEPSPEED_FLOOR, and bf16.check_grad_overflow=false, let DeepSpeed write a NaN step into the
+    weights inside `backward`, before the guard runs: refused, one line, before TrainingArguments builds the plugin."""
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, grad_reg=["zclip"]))
+    monkeypatch.setattr(grad_reg_config, "version", lambda package: {"deepspeed": "0.19.7"}[package])
+    check_deepspeed(args)  # no DeepSpeed in this launch: nothing read
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
+    message = (
+        "grad_reg=['zclip'] under DeepSpeed (accelerate launch's ACCELERATE_DEEPSPEED_ZERO_STAGE=2) needs "
+        "deepspeed>=0.19.8, found 0.19.7"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        GRPOConfig(**small_grpo_kwargs(tmp_path, grad_reg=["zclip"]))
+    monkeypatch.setattr(grad_reg_config, "version", lambda package: "0.19.8")
+    check_deepspeed(args)
+    unchecked = {"bf16": {"enabled": True, "check_grad_overflow": False}, "zero_optimization": {"stage": 2}}
+    with pytest.raises(ValueError, match=re.escape("grad_reg=['zclip'] with bf16.check_grad_overflow=False in the")):
+        GRPOConfig(**small_grpo_kwargs(tmp_path, grad_reg=["zclip"], deepspeed=unchecked))
+    args.grad_reg = []  # the guard off: DeepSpeed's own behaviour is left alone
+    args.deepspeed = unchecked
+    check_deepspeed(args)
 
 
-def test_agc_is_refused_under_deepspeed():
-    with pytest.raises(ValueError, match="'agc' clips each row of each weight"):
-        _DeepSpeedTrainer([], ["zclip", "agc"])
+@pytest.mark.parametrize(
+    ("environ", "engine"),
+    [
+        ({"ACCELERATE_USE_FSDP": "true"}, "FSDP, from accelerate launch's ACCELERATE_USE_FSDP"),
+        ({"ACCELERATE_USE_DEEPSPEED": "1"}, "DeepSpeed, from accelerate launch's ACCELERATE_DEEPSPEED_ZERO_STAGE=2"),
+    ],
+)
+def test_agc_is_refused_at_config_time_under_a_partitioning_engine(tmp_path, monkeypatch, environ, engine):
+    monkeypatch.setattr(grad_reg_config, "version", lambda package: "0.19.8")
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=re.escape(f"{engine} keeps them in partitions. Use 'zclip' there.")):
+        GRPOConfig(**small_grpo_kwargs(tmp_path, grad_reg=["zclip", "agc"]))

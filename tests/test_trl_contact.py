@@ -5,6 +5,7 @@ module only, and restored state lands on the trainer's device."""
 import ast
 import inspect
 import logging
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,6 +24,7 @@ from trl_grpo_ext.trl_contact import (
     TRLCompatibilityError,
     TRLContact,
     check_contact_surface,
+    check_deepspeed_engine,
     hook_name,
 )
 
@@ -256,7 +258,8 @@ def test_the_package_re_exports_every_public_name_of_its_modules_and_checks_at_i
     when it was one module, and importing it runs `check_contact_surface()` (its last statement)."""
     folder = PACKAGE / "trl_contact"
     modules = sorted(path.stem for path in folder.glob("*.py") if path.stem != "__init__")
-    assert modules == ["accessors", "hooks", "loop_state", "surface", "torch_internals", "transformers_internals"]
+    assert modules == ["accessors", "deepspeed_internals", "hooks", "loop_state", "surface", "torch_internals",
+                       "transformers_internals"]  # fmt: skip
     for stem in modules:
         module = __import__(f"trl_grpo_ext.trl_contact.{stem}", fromlist=["_"])
         own = [name for name, value in vars(module).items() if not name.startswith("_")
@@ -266,3 +269,14 @@ def test_the_package_re_exports_every_public_name_of_its_modules_and_checks_at_i
             assert name in trl_contact.__all__ and getattr(trl_contact, name) is getattr(module, name), name
     last = ast.parse((folder / "__init__.py").read_text()).body[-1]
     assert ast.unparse(last) == "check_contact_surface()"
+
+
+def test_a_deepspeed_engine_without_what_grad_reg_touches_is_refused_by_name():
+    """DeepSpeed is optional, so its attributes are checked when the trainer first meets an engine (the real engine
+    runs in tests/engines/test_engines.py): an engine or ZeRO optimizer without one raises, naming it."""
+    optimizer = SimpleNamespace(clip_grad=1.0)
+    check_deepspeed_engine(SimpleNamespace(skipped_steps=0, optimizer=optimizer))
+    with pytest.raises(TRLCompatibilityError, match=re.escape("engine has no `skipped_steps`, which grad_reg reads")):
+        check_deepspeed_engine(SimpleNamespace(optimizer=optimizer))
+    with pytest.raises(TRLCompatibilityError, match=re.escape("engine.optimizer has no `clip_grad`")):
+        check_deepspeed_engine(SimpleNamespace(skipped_steps=0, optimizer=SimpleNamespace()))

@@ -24,6 +24,7 @@ recipe scenario calls the recipe's `cli` as `accelerate launch recipes/math_gsm8
 scenarios, in their process group.
 """
 
+import importlib
 import json
 import os
 import shutil
@@ -39,18 +40,40 @@ import torch
 from tests.resume_check import REPO_ROOT, compare
 
 SCENARIOS: dict[str, dict] = {}  # name -> {"config": GRPOConfig overrides (resume_check.build_trainer), "resume_step"}
+LAUNCHED: dict[str, list[dict]] = {}  # name -> each rank's record, of the scenarios this session's jobs ran
 MARK = "two_process"  # the marker naming the scenario a test reads
+# engine -> what a job on CPU processes adds to `accelerate launch --config_file recipes/accelerate/<engine>.yaml`, and
+# the patch each worker applies first (tests/engines/fsdp_cpu.py: accelerate 1.16 takes its FSDP branch only on
+# GPU-like devices, so on CPU it would run DDP without a word). The trainers set `use_cpu=True` (gloo).
+# "hidden_size": the job's model is the tiny model widened to it (`widened_model`): ZeRO-3 keeps a parameter of fewer
+# than `stage3_param_persistence_threshold` elements (1e5, accelerate's config sets no other) whole on every process,
+# which would be every parameter of the tiny model; at 256 its embedding table and MLP weights are partitioned.
+ENGINES = {
+    "ddp": {"patch": None},
+    "deepspeed_zero2": {"patch": None},
+    "deepspeed_zero3": {"patch": None, "hidden_size": 256},
+    "fsdp2": {"patch": "tests.engines.fsdp_cpu"},
+}
 
 
-def two_process(name: str, config: dict | None = None, resume_step: int | None = None, recipe: list | None = None):
+def two_process(
+    name: str,
+    config: dict | None = None,
+    resume_step: int | None = None,
+    recipe: list | None = None,
+    engine: str = "ddp",
+):
     """Declare the scenario `name` (`config` as `resume_check.build_trainer` takes it; with `resume_step`, also the
     run resumed from `checkpoint-<resume_step>`), or, with `recipe`, a run of `recipes/math_gsm8k.py` with those
     arguments and `--output_dir <out>/<name>/full` (its `cli`, as `accelerate launch recipes/math_gsm8k.py` calls it;
-    it closes the process group at its end, so the job runs it last, and one recipe scenario at most); return the
-    decorator that marks a test reading it."""
+    it closes the process group at its end, so the job runs it last, and one recipe scenario at most per engine);
+    return the decorator that marks a test reading it. `engine`: the accelerate config of `recipes/accelerate/` the
+    scenario's job is launched with (`deepspeed_zero2`, ...; one job per engine, ENGINES gives its CPU overrides)."""
     if (config is None) == (recipe is None):
         raise ValueError(f"two-process scenario {name!r}: give config or recipe, not both")
-    scenario = {"config": dict(config or {}), "resume_step": resume_step, "recipe": recipe}
+    if engine not in ENGINES:
+        raise ValueError(f"two-process scenario {name!r}: engine {engine!r} is none of {sorted(ENGINES)}")
+    scenario = {"config": dict(config or {}), "resume_step": resume_step, "recipe": recipe, "engine": engine}
     if SCENARIOS.setdefault(name, scenario) != scenario:
         raise ValueError(f"two-process scenario {name!r} declared twice with different settings")
 
@@ -71,7 +94,11 @@ def launch(names: list[str], model_dir: str, out_dir: Path, num_processes: int =
     and the job's stderr."""
     done = out_dir.parent / f"{out_dir.name}.done"
     if not done.is_file():
-        done.write_text(_run(names, model_dir, out_dir, num_processes))
+        (engine,) = {SCENARIOS[name]["engine"] for name in names}  # one job per engine
+        hidden_size = ENGINES[engine].get("hidden_size")
+        if hidden_size is not None:
+            model_dir = widened_model(model_dir, out_dir.parent / f"{out_dir.name}-model", hidden_size)
+        done.write_text(_run(names, model_dir, out_dir, num_processes, engine))
     stderr = done.read_text()
     records = {}
     for name in names:
@@ -83,20 +110,35 @@ def launch(names: list[str], model_dir: str, out_dir: Path, num_processes: int =
             else:
                 ranks.append({"full": None, "resumed": None, "error": f"the job ended before {name}:\n{stderr}"})
         records[name] = ranks
+    LAUNCHED.update(records)
     return records
 
 
-def _run(names: list[str], model_dir: str, out_dir: Path, num_processes: int) -> str:
+def widened_model(model_dir: str, output_dir: Path, hidden_size: int) -> str:
+    """The model of `model_dir` with its hidden size set to `hidden_size` (MLP width twice that, head size
+    `hidden_size` / its heads), random init, its tokenizer copied: written to `output_dir` once; returns the folder."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    if not (output_dir / "config.json").is_file():
+        config = Qwen2Config.from_pretrained(model_dir, hidden_size=hidden_size, intermediate_size=2 * hidden_size)
+        torch.manual_seed(0)
+        Qwen2ForCausalLM(config).save_pretrained(output_dir)
+        AutoTokenizer.from_pretrained(model_dir).save_pretrained(output_dir)
+    return str(output_dir)
+
+
+def _run(names: list[str], model_dir: str, out_dir: Path, num_processes: int, engine: str = "ddp") -> str:
     """Run the job; return "" if it succeeded, else the failure (the tail of its stderr). The launch is the one the
-    multi-GPU recipes document (`--config_file recipes/accelerate/ddp.yaml`), on CPU processes (gloo)."""
+    multi-GPU recipes document (`--config_file recipes/accelerate/<engine>.yaml`), on CPU processes (gloo), with the
+    CPU overrides of docs/multi-gpu.md (no mixed precision: the trainers run fp32 on CPU)."""
     names = sorted(names, key=lambda name: SCENARIOS[name]["recipe"] is not None)  # a recipe run ends the group
     if sum(SCENARIOS[name]["recipe"] is not None for name in names) > 1:
         raise ValueError(f"more than one recipe scenario in the two-process job: {names}")
     job = {name: SCENARIOS[name] for name in names}
     job_file = out_dir.parent / f"{out_dir.name}.json"  # outside out_dir, which a rerun (gloo's abort) removes
-    job_file.write_text(json.dumps({"model_dir": model_dir, "scenarios": job}))
+    job_file.write_text(json.dumps({"model_dir": model_dir, "scenarios": job, "patch": ENGINES[engine]["patch"]}))
     cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", "recipes/accelerate/ddp.yaml",
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", f"recipes/accelerate/{engine}.yaml",
         "--num_processes", str(num_processes), "--num_machines", "1", "--mixed_precision", "no",
         "--dynamo_backend", "no", "--main_process_port", "0",
         "-m", "tests.two_process", str(job_file), str(out_dir),
@@ -161,6 +203,29 @@ def resume_diff(ranks: list[dict], resume_step: int, atol: float = 1e-6) -> floa
     return max_diff
 
 
+def engine_facts(trainer) -> dict:
+    """The engine a trained trainer really ran under, read off what accelerate prepared, not off the launch (every
+    fallback of accelerate on CPU is silent): its distributed type, the class of the prepared model, the processes,
+    the parameters held as FSDP2's `DTensor` shards and as ZeRO-3's partitions against all, and DeepSpeed's ZeRO
+    stage and its own count of skipped optimizer steps."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(trainer.model_wrapped.parameters())
+    facts = {
+        "distributed_type": trainer.accelerator.distributed_type.value,
+        "model_class": type(trainer.model_wrapped).__name__,
+        "num_processes": trainer.accelerator.num_processes,
+        "params": len(params),
+        "dtensor_params": sum(isinstance(p, DTensor) for p in params),
+        # a ZeRO-3 parameter between uses holds an empty tensor; its shard (`ds_tensor`) is 1/N of `ds_numel`
+        "zero3_partitioned_params": sum(hasattr(p, "ds_numel") and p.numel() == 0 < p.ds_numel for p in params),
+    }
+    engine = getattr(trainer, "deepspeed", None)
+    if engine is not None:
+        facts |= {"zero_stage": engine.zero_optimization_stage(), "skipped_steps": engine.skipped_steps}
+    return facts
+
+
 def _run_job(job_file: str, out_dir: str) -> None:
     """One worker process: every scenario in turn; its record written as soon as the scenario is done."""
     from tests.cpu_compile import use_backend_from_env
@@ -169,6 +234,8 @@ def _run_job(job_file: str, out_dir: str) -> None:
 
     use_backend_from_env()
     job = json.loads(Path(job_file).read_text())
+    if job.get("patch"):
+        importlib.import_module(job["patch"]).apply()
     rank = int(os.environ.get("RANK", "0"))
     os.makedirs(out_dir, exist_ok=True)
     names = list(job["scenarios"])
@@ -184,12 +251,15 @@ def _run_job(job_file: str, out_dir: str) -> None:
                 record["full"] = {"output_dir": full_dir}
                 torch.save(record, os.path.join(out_dir, f"{name}.rank{rank}"))
                 continue
-            record["full"] = run_phase(scenario["config"], job["model_dir"], full_dir, end=last and not resume_step)
+            end = last and not resume_step
+            record["full"] = run_phase(scenario["config"], job["model_dir"], full_dir, end=end, inspect=engine_facts)
             if resume_step:
                 checkpoint = os.path.join(full_dir, f"checkpoint-{resume_step}")
                 assert os.path.isdir(checkpoint), f"{checkpoint} was not saved; set save_steps to divide {resume_step}"
                 resumed_dir = os.path.join(out_dir, name, "resumed")
-                record["resumed"] = run_phase(scenario["config"], job["model_dir"], resumed_dir, checkpoint, end=last)
+                record["resumed"] = run_phase(
+                    scenario["config"], job["model_dir"], resumed_dir, checkpoint, end=last, inspect=engine_facts
+                )
         except Exception:  # recorded for the scenario's tests; the other rank is stopped by the launcher
             record["error"] = traceback.format_exc()
             torch.save(record, os.path.join(out_dir, f"{name}.rank{rank}"))

@@ -15,7 +15,7 @@ from trl.trainer.grpo_config import GRPOConfig as TRLGRPOConfig  # TRL's class, 
 from .doctor.config import RUN_DOCTOR_CONFIG, RunDoctorFields
 from .entropy.config import ENTROPY_REG_CONFIG
 from .generation.config import FAST_GENERATION_CONFIG, check_generation_engine, generation_levers
-from .grad_reg.config import GRAD_REG_CONFIG
+from .grad_reg.config import GRAD_REG_CONFIG, check_grad_reg_engine
 from .policy_groups.config import POLICY_GROUP_CONFIG, policy_grouping_requested, stages_requested
 from .prompt_skip.config import PROMPT_SKIP_CONFIG
 
@@ -71,10 +71,13 @@ class GRPOConfig(*(part.fields for part in reversed(FEATURE_CONFIGS)), TRLGRPOCo
 
     def __post_init__(self):
         self._check_trl_counts()  # before TRL's own __post_init__, which divides by some of them
-        # Fast generation under FSDP or ZeRO-3, also before: TrainingArguments' __post_init__ builds the DeepSpeed
-        # plugin from the same settings (and needs deepspeed installed for it). Checked again with the other rules.
+        # Fast generation under FSDP or ZeRO-3, and gradient regularization under DeepSpeed or FSDP, also before:
+        # TrainingArguments' __post_init__ builds the DeepSpeed plugin from the same settings (and needs deepspeed
+        # installed for it). Checked again with the other rules.
         FAST_GENERATION_CONFIG.check_fields(self)
         check_generation_engine(self)
+        GRAD_REG_CONFIG.check_fields(self)  # the same for gradient regularization under DeepSpeed or FSDP
+        check_grad_reg_engine(self)
         super().__post_init__()
         self._check_fields()
 

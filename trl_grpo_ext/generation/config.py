@@ -2,12 +2,10 @@
 its docstring), their ranges and the rules between them and TRL's (`FAST_GENERATION_CONFIG`, composed into
 `GRPOConfig` by `trl_grpo_ext.config`)."""
 
-import json
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..field_checks import ConfigPart, Range
+from ..launch_engine import deepspeed_launch, fsdp_source
 
 GENERATION_LORA_MERGE = ("none", "inplace", "copy")
 
@@ -144,57 +142,15 @@ def check_generation_engine(args) -> None:
 
 def sharding_engine(args) -> str | None:
     """The engine that will shard the model's weights over processes, with the setting it comes from ("FSDP, from
-    accelerate launch's ACCELERATE_USE_FSDP"), or None (one process, DDP, DeepSpeed ZeRO-0/1/2).
-
-    Read as accelerate and transformers read them, before either builds a plugin:
-        - `args.fsdp` (TrainingArguments': any value turns FSDP on), or `ACCELERATE_USE_FSDP=true` (or 1, yes, on:
-          accelerate's `parse_flag_from_env` and transformers' `strtobool` read those as true too), which
-          `accelerate launch` sets for a `distributed_type: FSDP` config (`accelerate.utils.launch`'s
-          `prepare_multi_gpu_env`).
-        - `args.deepspeed` (a dict or a JSON file): its `zero_optimization.stage`; else, with
-          `ACCELERATE_USE_DEEPSPEED=true` (`prepare_deepspeed_cmd_env`, for a `distributed_type: DEEPSPEED` config),
-          the stage of the JSON in `ACCELERATE_DEEPSPEED_CONFIG_FILE`, or `ACCELERATE_DEEPSPEED_ZERO_STAGE`. A
-          stage "auto" is the environment's stage, 2 when unset (accelerate's `DeepSpeedPlugin`); a missing one is
-          DeepSpeed's 0.
-    A DeepSpeed config that is not a dict or a readable file (transformers also takes base64) is left to the trainer.
-    """
-    environ = os.environ
-    if args.fsdp:
-        return "FSDP, from the fsdp argument"
-    if _on(environ.get("ACCELERATE_USE_FSDP")):
-        return "FSDP, from accelerate launch's ACCELERATE_USE_FSDP"
-    launch_stage = environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
-    file = environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")  # "none": accelerate's unset
-    if args.deepspeed:
-        where = "the deepspeed config" + (f" {args.deepspeed}" if isinstance(args.deepspeed, str) else "")
-        stage = _zero_stage(args.deepspeed, launch_stage)
-    elif not _on(environ.get("ACCELERATE_USE_DEEPSPEED")):
+    accelerate launch's ACCELERATE_USE_FSDP"), or None (one process, DDP, DeepSpeed ZeRO-0/1/2); read before either
+    accelerate or transformers builds a plugin (`trl_grpo_ext.launch_engine`)."""
+    fsdp = fsdp_source(args)
+    if fsdp is not None:
+        return f"FSDP, from {fsdp}"
+    deepspeed = deepspeed_launch(args)
+    if deepspeed is None or deepspeed.stage != "3":
         return None
-    elif file != "none":
-        where, stage = f"accelerate launch's ACCELERATE_DEEPSPEED_CONFIG_FILE {file}", _zero_stage(file, launch_stage)
-    else:
-        where, stage = f"accelerate launch's ACCELERATE_DEEPSPEED_ZERO_STAGE={launch_stage}", launch_stage
-    return f"DeepSpeed ZeRO-3, from {where}" if stage == "3" else None
-
-
-def _on(value: str | None) -> bool:
-    """An environment flag as accelerate (`str_to_bool`) and transformers (`strtobool`) read it: 1, true, yes, y, on
-    or t, in any case, is on."""
-    return value is not None and value.strip().lower() in ("1", "true", "yes", "y", "on", "t")
-
-
-def _zero_stage(config: dict | str, launch_stage: str) -> str | None:
-    """The ZeRO stage of a DeepSpeed config (a dict or a JSON file's path), "auto" read as `launch_stage`; None when
-    the config cannot be read here."""
-    if isinstance(config, str):
-        try:
-            config = json.loads(Path(config).read_text())
-        except (OSError, ValueError):
-            return None
-    if not isinstance(config, dict):
-        return None
-    stage = (config.get("zero_optimization") or {}).get("stage", 0)
-    return launch_stage if stage == "auto" else str(stage)
+    return f"DeepSpeed ZeRO-3, from {deepspeed.where}"
 
 
 FAST_GENERATION_CONFIG = ConfigPart(

@@ -3,8 +3,12 @@ documented in its docstring), their ranges, the modes `grad_reg` takes and the r
 composed into `GRPOConfig` by `trl_grpo_ext.config`; the rules are those of `modes.check_config` and each mode's)."""
 
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+
+from packaging.version import Version
 
 from ..field_checks import ConfigPart, Range
+from ..launch_engine import deepspeed_launch
 from . import modes
 from .modes import GRAD_REG_MODES
 
@@ -73,6 +77,57 @@ GradRegFields.__doc__ = GradRegFields.__doc__.replace(
     "        {GRAD_REG_MODES}", GRAD_REG_MODES.describe(" " * 8, width=115)
 )
 
+# The oldest DeepSpeed that skips a step whose gradient is NaN or infinite in fp32 and bf16 under every ZeRO stage.
+# Measured on 2 CPU processes with a NaN loss at step 2: 0.19.0-0.19.7 wrote the NaN into the weights (ZeRO-2 in fp32;
+# their ZeRO-3 checks for overflow in fp16 only), and the run died at step 3; 0.19.8 skipped the step.
+DEEPSPEED_FLOOR = "0.19.8"
+
+
+def check_deepspeed(args) -> None:
+    """The non-finite guard under DeepSpeed, which steps inside `backward` before the guard can look: refused where
+    DeepSpeed itself would apply a NaN or infinite step (a release older than `DEEPSPEED_FLOOR`, or the DeepSpeed
+    config's `bf16.check_grad_overflow` set to false), read before the model loads (`launch_engine`).
+
+    Raises:
+        ValueError: one line naming `grad_reg`, the DeepSpeed setting or version and the way out.
+    """
+    if not args.grad_reg:
+        return
+    deepspeed = deepspeed_launch(args)
+    if deepspeed is None:
+        return
+    try:
+        installed = version("deepspeed")
+    except PackageNotFoundError:  # transformers refuses a DeepSpeed config without it
+        return
+    if Version(installed) < Version(DEEPSPEED_FLOOR):
+        raise ValueError(
+            f"grad_reg={args.grad_reg} under DeepSpeed ({deepspeed.where}) needs deepspeed>={DEEPSPEED_FLOOR}, found "
+            f"{installed}: older releases write a step whose gradient is NaN or infinite into the weights (fp32 and "
+            "bf16), before any guard can skip it; upgrade DeepSpeed, or drop grad_reg"
+        )
+    check = ((deepspeed.config or {}).get("bf16") or {}).get("check_grad_overflow", True)
+    if check is False or str(check).lower() == "false":
+        raise ValueError(
+            f"grad_reg={args.grad_reg} with bf16.check_grad_overflow={check} in {deepspeed.where}: DeepSpeed then "
+            "applies a step whose gradient is NaN or infinite, before any guard can skip it; remove that setting, or "
+            "drop grad_reg"
+        )
+
+
+def check_grad_reg_engine(args) -> None:
+    """The rules of `grad_reg` that read the launch's engine (`check_deepspeed`, and each mode's `check`: `agc` under
+    DeepSpeed or FSDP), for `GRPOConfig.__post_init__` to run before TrainingArguments builds the DeepSpeed plugin
+    (which needs DeepSpeed installed). They run again with the other rules.
+
+    Raises:
+        ValueError: what `check_deepspeed` or a mode's `check` refuses.
+    """
+    check_deepspeed(args)
+    for mode in GRAD_REG_MODES.values():
+        mode.check(args)
+
+
 GRAD_REG_CONFIG = ConfigPart(
     GradRegFields,
     ranges={
@@ -87,5 +142,5 @@ GRAD_REG_CONFIG = ConfigPart(
     },
     # read when a config is checked, so a mode registered later (a plugin, a test) is accepted
     modes={"grad_reg": GRAD_REG_MODES},
-    checks=(modes.check_config,),
+    checks=(modes.check_config, check_deepspeed),
 )

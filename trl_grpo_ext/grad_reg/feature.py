@@ -20,7 +20,17 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..features import Feature, loss_scaler
 from ..resume import checkpoint_problem
-from ..trl_contact import grad_norm, log_total, metrics, output_dir, save_checkpoint
+from ..trl_contact import (
+    check_deepspeed_engine,
+    deepspeed_clip,
+    deepspeed_skipped_steps,
+    grad_norm,
+    log_total,
+    metrics,
+    output_dir,
+    save_checkpoint,
+    set_deepspeed_clip,
+)
 from .adaptive_kl import AdaptiveKL, per_token_kl
 from .modes import GRAD_REG_MODES
 from .state import GradRegState
@@ -29,7 +39,8 @@ logger = logging.getLogger(__name__)
 
 
 class NonFiniteGradientError(RuntimeError):
-    """`grad_reg_max_skips` optimizer steps in a row had a NaN or infinite gradient norm; a checkpoint was saved."""
+    """`grad_reg_max_skips` optimizer steps in a row had a NaN or infinite gradient norm (a checkpoint was saved), or
+    DeepSpeed took a step with one (nothing saved: the weights are no longer finite)."""
 
 
 class GradReg(Feature):
@@ -47,11 +58,15 @@ class GradReg(Feature):
     `grad_reg_max_skips`, and leaves ZClip's statistics alone. Once the scale is below 1 the gradients overflow
     unscaled: such a step counts as a skipped step like any other.
 
-    DeepSpeed (written against DeepSpeed 0.19 ZeRO-1/2, not run here): DeepSpeed clips and steps inside `backward`,
-    before `_clip_grad_norm` runs, at its optimizer's `clip_grad`, and skips non-finite steps itself. So before each
-    step `clip_grad` is set to min(μ + z_thr·σ, `max_grad_norm`) (the norm where ZClip's z reaches z_thr: the same
-    decision rule, with the bound itself as the clip target, since the norm is not known before the step), and ZClip
-    and the skip counters are updated afterwards from the norm DeepSpeed reports. AGC is refused there.
+    DeepSpeed (ZeRO-1/2/3, run on DeepSpeed 0.19.8 in the real-engine tests): DeepSpeed clips and steps inside
+    `backward`, before `_clip_grad_norm` runs, at its optimizer's `clip_grad`, and skips a step whose gradient is not
+    finite itself (DeepSpeed >= 0.19.8 with its overflow check on, which `config.check_deepspeed` requires). So
+    before each step `clip_grad` is set to min(μ + z_thr·σ, `max_grad_norm`) (the norm where ZClip's z reaches z_thr:
+    the same decision rule, with the bound itself as the clip target, since the norm is not known before the step).
+    After it, whether the step was skipped is read off the engine (its `skipped_steps` went up), not off the norm it
+    reports, which some releases report finite for a NaN step; a skip is counted as above, and ZClip learns from the
+    norm of a step taken. A non-finite norm on a step the engine took means the weights are no longer finite: the
+    run stops at once with `NonFiniteGradientError`, saving nothing. AGC is refused there.
 
     Raises:
         ValueError: what a mode refuses when built (`agc` under DeepSpeed or FSDP).
@@ -68,6 +83,7 @@ class GradReg(Feature):
         self._state = GradRegState(zclip, kl)
         self._logps = None  # (B, T) the policy's log-probabilities of the loss being computed, detached
         self._kl_window = None  # (3,) [sum of per-token KL, valid tokens, completions] over the accumulation window
+        self._engine_skipped = None  # DeepSpeed: the engine's skipped steps before the step of this window
 
     @classmethod
     def build(cls, trainer) -> "GradReg | None":
@@ -89,9 +105,13 @@ class GradReg(Feature):
     def training_step(self, model) -> None:
         if not self._deepspeed():
             return
+        engine = self.trainer.deepspeed
+        if self._engine_skipped is None:
+            check_deepspeed_engine(engine)
+        self._engine_skipped = deepspeed_skipped_steps(engine)  # the step comes in this window's last backward
         bounds = [bound for bound in (mode.deepspeed_bound() for mode in self.modes) if bound is not None]
         if bounds:  # DeepSpeed clips at it in the backward that steps
-            self.trainer.deepspeed.optimizer.clip_grad = min([*bounds, self.trainer.args.max_grad_norm])
+            set_deepspeed_clip(engine, min([*bounds, self.trainer.args.max_grad_norm]))
 
     def clip_gradients(self, model, clip):
         if not self.modes:  # kl_target alone: transformers clips as it does
@@ -175,16 +195,28 @@ class GradReg(Feature):
         )
 
     def _deepspeed_step(self, model, clip):
-        """DeepSpeed ZeRO-1/2: the step is taken already (see the class docstring); update the state from its norm."""
-        norm = clip(model)  # DeepSpeed's norm of the step it took
-        applied = self.trainer.deepspeed.optimizer.clip_grad
-        if norm is None or not math.isfinite(float(norm)):
-            self._count_skip(model, float("nan") if norm is None else float(norm))
+        """DeepSpeed: the step is taken or skipped already (see the class docstring); update the state from it.
+
+        Raises:
+            NonFiniteGradientError: the engine took a step whose gradient norm is not finite, or the
+                `grad_reg_max_skips`-th skipped step in a row (`_count_skip`).
+        """
+        norm = clip(model)  # DeepSpeed's norm of this step's gradients
+        engine = self.trainer.deepspeed
+        value = float("nan") if norm is None else float(norm)
+        if deepspeed_skipped_steps(engine) > self._engine_skipped:
+            self._count_skip(model, value)
             return norm
+        if not math.isfinite(value):
+            raise NonFiniteGradientError(
+                f"grad_reg: DeepSpeed took optimizer step {self.trainer.state.global_step + 1} with a gradient norm "
+                f"of {value} instead of skipping it, so the weights are no longer finite; no checkpoint was saved. "
+                "DeepSpeed skips such steps from 0.19.8 on, with its overflow check on (bf16.check_grad_overflow)"
+            )
         self._state.consecutive_skips = 0
         for mode in self.modes:
-            mode.observe_norm(float(norm))
-        self._log_step(float(norm), applied, {})
+            mode.observe_norm(value)
+        self._log_step(value, deepspeed_clip(engine), {})
         return norm
 
     # -- loss: the adaptive KL coefficient

@@ -18,6 +18,7 @@ import math
 
 from accelerate.utils import DistributedType
 
+from ..launch_engine import deepspeed_launch, fsdp_source
 from ..registry import Registry
 from .clipping import ZClip, adaptive_clip_, agc_applies
 
@@ -101,7 +102,8 @@ class AGCMode(GradRegMode):
     is kept at most `agc_clip`·max(‖W_unit‖, `agc_eps`) (`clipping.adaptive_clip_`); logs `grad_reg/agc_clipped_frac`.
 
     Raises:
-        ValueError: under DeepSpeed or FSDP, which keep each parameter's gradient in partitions, so no process holds
+        ValueError: under DeepSpeed or FSDP (at config time from the launch, `launch_engine`; at build from the
+            prepared accelerator), which keep each parameter's gradient in partitions, so no process holds
             the whole rows AGC compares.
     """
 
@@ -110,14 +112,26 @@ class AGCMode(GradRegMode):
         "arXiv:2102.06171)"
     )
 
+    @classmethod
+    def check(cls, args) -> None:
+        if cls.name not in args.grad_reg:
+            return
+        fsdp, deepspeed = fsdp_source(args), deepspeed_launch(args)
+        if fsdp is not None or deepspeed is not None:
+            engine = f"FSDP, from {fsdp}" if fsdp is not None else f"DeepSpeed, from {deepspeed.where}"
+            raise ValueError(
+                f"grad_reg={args.grad_reg}: 'agc' clips each row of each weight by its own norm, which needs whole "
+                f"gradients on every process; {engine} keeps them in partitions. Use 'zclip' there."
+            )
+
     def __init__(self, feature):
         super().__init__(feature)
         accelerator = feature.trainer.accelerator
-        if accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP):
+        if accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP):  # set another way
             raise ValueError(
                 f"grad_reg={self.args.grad_reg}: 'agc' clips each row of each weight by its own norm, which needs "
                 f"whole gradients on every process; {accelerator.distributed_type.value} keeps them in partitions. "
-                "Use 'zclip' and 'skip_nonfinite' there."
+                "Use 'zclip' there."
             )
 
     def rescale_gradients(self, model) -> dict[str, float]:

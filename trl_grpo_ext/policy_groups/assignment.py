@@ -7,6 +7,7 @@ the group id (0..K-1) of each dataset row. Functions return a new `(names, assig
 """
 
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import numpy as np
 import scipy.sparse as sp
@@ -105,12 +106,14 @@ def embedding_features(
     any model whose input embeddings are plain (as under LoRA or 4-bit QLoRA). Texts are tokenized without special
     tokens (a BOS shared by every row would only pull rows together) and truncated to `max_length` tokens; padding
     is done here, so the tokenizer needs no pad token. An empty text gives a zero vector. Runs under
-    `torch.no_grad()` on the embedding table's device, in float32.
+    `torch.no_grad()` on the embedding table's device, in float32. Under DeepSpeed ZeRO-3, which loads each weight
+    partitioned over the processes, the table is gathered whole for the lookup (`deepspeed.zero.GatheredParameters`,
+    a collective: every process calls this at setup, alike).
     """
     embed = model.get_input_embeddings()
-    device = embed.weight.device
     out = []
-    with torch.no_grad():
+    with torch.no_grad(), _whole(embed.weight):
+        device = embed.weight.device
         for start in range(0, len(texts), batch_size):
             batch = texts[start : start + batch_size]
             ids = tokenizer(batch, add_special_tokens=False, truncation=True, max_length=max_length)["input_ids"]
@@ -124,8 +127,21 @@ def embedding_features(
             vectors = embed(padded).float()  # (b, T, H)
             summed = (vectors * mask.unsqueeze(-1)).sum(dim=1)  # (b, H)
             out.append((summed / mask.sum(dim=1, keepdim=True).clamp(min=1.0)).cpu())
-    hidden = embed.weight.shape[1]
+        hidden = embed.weight.shape[1]
     return torch.cat(out).numpy().astype(np.float32) if out else np.zeros((0, hidden), dtype=np.float32)
+
+
+@contextmanager
+def _whole(weight: torch.Tensor):
+    """`weight` whole inside the block: a DeepSpeed ZeRO-3 partition (DeepSpeed marks those with `ds_id`) gathered
+    from every process and partitioned again at the end; any other weight as it is."""
+    if not hasattr(weight, "ds_id"):
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters([weight]):
+        yield
 
 
 def canonical_labels(labels: np.ndarray) -> np.ndarray:

@@ -21,6 +21,8 @@ trl_grpo_ext; its modules split it by role:
                               `compiles_in_one_graph`, `generate_cache_argument`, `drop_repeated_input_grad_hooks`,
                               `generation_defaults`)
     `torch_internals`         what it reads of torch's (`compile_counters`: recompile-limit hits, CUDA-graph skips)
+    `deepspeed_internals`     what gradient regularization reads and writes of a DeepSpeed engine (its skipped
+                              steps, its clip threshold), checked when the trainer first meets an engine
 
 `check_contact_surface()` runs when this package is imported: every private method must exist with the parameters
 it was written against, every private attribute must still be set where it was, every transformers internal of
@@ -50,6 +52,13 @@ from .accessors import (
     stop_memory_tracking,
     to_device,
 )
+from .deepspeed_internals import (
+    DEEPSPEED_ATTRIBUTES,
+    check_deepspeed_engine,
+    deepspeed_clip,
+    deepspeed_skipped_steps,
+    set_deepspeed_clip,
+)
 from .hooks import TRLContact, hook_name
 from .loop_state import GRPOLoopState
 from .surface import (
@@ -76,6 +85,7 @@ from .transformers_internals import (
 
 __all__ = [
     "ATTRIBUTE_OWNERS",
+    "DEEPSPEED_ATTRIBUTES",
     "FORWARD_KEYS",
     "PRIVATE_ATTRIBUTES",
     "PRIVATE_METHODS",
@@ -89,9 +99,12 @@ __all__ = [
     "TRLContact",
     "buffered_inputs",
     "check_contact_surface",
+    "check_deepspeed_engine",
     "compile_config_all_devices",
     "compile_counters",
     "compiles_in_one_graph",
+    "deepspeed_clip",
+    "deepspeed_skipped_steps",
     "drop_repeated_input_grad_hooks",
     "generate_cache_argument",
     "generation_defaults",
@@ -107,6 +120,7 @@ __all__ = [
     "raised_in_training_loop",
     "repeat_sampler_fields",
     "save_checkpoint",
+    "set_deepspeed_clip",
     "stop_memory_tracking",
     "to_device",
 ]

