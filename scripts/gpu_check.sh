@@ -21,6 +21,10 @@
 #   single levers (compile, inplace, copy) until the budget is spent (a row left out for time says "skipped", it is
 #   no failure): seconds per step, completion tokens per second, merge share, peak memory beside the estimate. The
 #   24 GB preset and the QLoRA rows: python3 benchmarks/gpu_throughput.py --presets 24gb, in a call of its own.
+# vllm: (issue #59) adapter-only LoRA sync to colocated vLLM on a bitsandbytes 4-bit base, whose log-probabilities
+#   must equal the trainer's where the merged sync's do not (tests/engines/test_vllm.py, its GPU-marked test). Needs
+#   vLLM installed on the machine: the lent machines have none (no internet, and a GPU build of vLLM is far above the
+#   64 MiB the carried tree may hold), so it has not run; without vLLM it fails, saying so.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-checks}"
@@ -40,7 +44,10 @@ case "$mode" in
       2>&1 | tee "$out/gpu_throughput_first.log"
     python3 benchmarks/gpu_throughput.py --presets 8gb --configs compile inplace copy --time-budget 130 \
       --output-dir "$out" 2>&1 | tee "$out/gpu_throughput.log" ;;
+  vllm)
+    TRL_GRPO_EXT_ENGINES=1 timeout 300 python3 -m pytest tests/engines/test_vllm.py -m gpu -p no:cacheprovider -q \
+      2>&1 | tee "$out/vllm_4bit.log" ;;
   *)
-    echo "usage: bash scripts/gpu_check.sh [checks|throughput]" >&2
+    echo "usage: bash scripts/gpu_check.sh [checks|throughput|vllm]" >&2
     exit 2 ;;
 esac

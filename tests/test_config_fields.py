@@ -105,6 +105,7 @@ FIELDS = {
     "generation_max_prompt_length": ([], [None, 1], {}, INT_1 + ", or None"),
     "generation_lora_merge": ([], ["none", "inplace", "copy"], {}, "one of ['none', 'inplace', 'copy']"),
     "generation_fallback": ([], [True, False, "false", "1"], {}, "true or false"),
+    "vllm_lora_sync": ([], ["merge"], {}, "one of ['merge', 'adapter']"),
     "run_doctor": ([], [True, False, "true", "0"], {}, "true or false"),
 }  # fmt: skip
 

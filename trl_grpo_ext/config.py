@@ -18,6 +18,7 @@ from .generation.config import FAST_GENERATION_CONFIG, check_generation_engine, 
 from .grad_reg.config import GRAD_REG_CONFIG, check_grad_reg_engine
 from .policy_groups.config import POLICY_GROUP_CONFIG, policy_grouping_requested, stages_requested
 from .prompt_skip.config import PROMPT_SKIP_CONFIG
+from .vllm_lora.config import VLLM_LORA_CONFIG
 
 __all__ = ["FEATURE_CONFIGS", "FIELD_MODES", "FIELD_RANGES", "GRPOConfig", "RUN_DOCTOR_CONFIG", "RunDoctorFields",
            "TRLGRPOConfig", "TRL_COUNTS", "generation_levers", "own_fields", "policy_grouping_requested",
@@ -44,6 +45,7 @@ FEATURE_CONFIGS = (
     ENTROPY_REG_CONFIG,
     GRAD_REG_CONFIG,
     FAST_GENERATION_CONFIG,
+    VLLM_LORA_CONFIG,
     RUN_DOCTOR_CONFIG,
 )
 

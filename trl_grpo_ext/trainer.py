@@ -38,6 +38,7 @@ from .resume import (
 )
 from .termination import TerminationHandler, TrainingTerminated
 from .trl_contact import GRPOLoopState, TRLContact, output_dir, stop_memory_tracking
+from .vllm_lora.feature import vllm_lora_engine
 
 logger = logging.getLogger(__name__)
 _TRL_INIT = inspect.signature(TRLContact.__init__)  # TRL's GRPOTrainer.__init__: which argument is which
@@ -59,8 +60,9 @@ STEP = {
     # without refilling: the prompts predicted uninformative taken out of the drawn batch
     "skip_prompts": ("prompt_skip",),
     # timed (around all of it); static cache, compiled decode step, merged LoRA weights (a probe generation first;
-    # on failure the fall back to TRL's generation, which generates the batch again)
-    "generation": ("doctor", "fast_generation"),
+    # on failure the fall back to TRL's generation, which generates the batch again); vLLM: only the LoRA adapter
+    # synced, and every generation through it
+    "generation": ("doctor", "fast_generation", "vllm_lora"),
     # rows and rewards noted; which completions some reward function scored
     "rewards": ("policy_groups", "prompt_skip", "entropy_reg"),
     # statistics, weights, regroup, reweighted advantages; each prompt's history; the scored mask; the timings
@@ -218,7 +220,8 @@ class GRPOTrainer(TRLContact):
                         args.policy_group_features, "policy_group_fn": policy_group_fn}  # fmt: skip
             needed_by = next((name for name, value in settings.items() if value is not None), "prompt_skip")
             train_dataset = with_row_column(train_dataset, needed_by)
-        super().__init__(model, reward_funcs, args, train_dataset, *more, **kwargs)
+        with vllm_lora_engine(args, model, given):  # vllm_lora_sync="adapter": TRL's engine built with LoRA enabled
+            super().__init__(model, reward_funcs, args, train_dataset, *more, **kwargs)
         _check_trainable(self.model)
         self.policy_group_fn = policy_group_fn
         self.run_already_complete = False  # set by `train`

@@ -23,10 +23,14 @@ trl_grpo_ext; its modules split it by role:
     `torch_internals`         what it reads of torch's (`compile_counters`: recompile-limit hits, CUDA-graph skips)
     `deepspeed_internals`     what gradient regularization reads and writes of a DeepSpeed engine (its skipped
                               steps, its clip threshold), checked when the trainer first meets an engine
+    `vllm_internals`          what adapter-only LoRA sync uses of TRL's colocated vLLM (the engine's arguments, the
+                              sync and the generate call of its `VLLMGeneration`, `VLLM_INTERNALS`) and vLLM's
+                              allowed LoRA ranks (`engine_arguments`, `adapter_generation`, `vllm_lora_ranks`)
 
 `check_contact_surface()` runs when this package is imported: every private method must exist with the parameters
 it was written against, every private attribute must still be set where it was, every transformers internal of
-`TRANSFORMERS_INTERNALS` and torch internal of `TORCH_INTERNALS` must exist, and no hook name may collide with a name
+`TRANSFORMERS_INTERNALS` and torch internal of `TORCH_INTERNALS` must exist, TRL's vLLM source must hold
+`VLLM_INTERNALS`, and no hook name may collide with a name
 TRL has. A mismatch raises
 `TRLCompatibilityError` naming the method or attribute and the supported versions, so an upgrade fails at import
 instead of silently changing training. Versions outside `SUPPORTED` whose surface still matches only log a warning.
@@ -82,6 +86,14 @@ from .transformers_internals import (
     generate_cache_argument,
     generation_defaults,
 )
+from .vllm_internals import (
+    VLLM_INTERNALS,
+    LoRAEngine,
+    adapter_generation,
+    engine_arguments,
+    missing_vllm_internals,
+    vllm_lora_ranks,
+)
 
 __all__ = [
     "ATTRIBUTE_OWNERS",
@@ -93,10 +105,13 @@ __all__ = [
     "SUPPORTED",
     "TORCH_INTERNALS",
     "TRANSFORMERS_INTERNALS",
+    "VLLM_INTERNALS",
     "WRITTEN_AGAINST",
     "GRPOLoopState",
+    "LoRAEngine",
     "TRLCompatibilityError",
     "TRLContact",
+    "adapter_generation",
     "buffered_inputs",
     "check_contact_surface",
     "check_deepspeed_engine",
@@ -106,6 +121,7 @@ __all__ = [
     "deepspeed_clip",
     "deepspeed_skipped_steps",
     "drop_repeated_input_grad_hooks",
+    "engine_arguments",
     "generate_cache_argument",
     "generation_defaults",
     "grad_norm",
@@ -115,6 +131,7 @@ __all__ = [
     "loss_mask",
     "metrics",
     "micro_step",
+    "missing_vllm_internals",
     "output_dir",
     "per_token_logps_and_entropies",
     "raised_in_training_loop",
@@ -123,6 +140,7 @@ __all__ = [
     "set_deepspeed_clip",
     "stop_memory_tracking",
     "to_device",
+    "vllm_lora_ranks",
 ]
 
 check_contact_surface()

@@ -20,6 +20,7 @@ from trl.trainer.utils import RepeatSampler
 
 from .hooks import TRLContact, hook_name
 from .transformers_internals import _GRAD_HOOK
+from .vllm_internals import missing_vllm_internals
 
 logger = logging.getLogger(__package__)  # "trl_grpo_ext.trl_contact", the logger's name before the split
 
@@ -115,7 +116,8 @@ def check_contact_surface(
     Raises:
         TRLCompatibilityError: a method is missing or its leading parameters differ, a needed keyword parameter is
             gone, a private attribute is no longer set by the class that set it, a sampler field is missing, a
-            transformers or torch internal is gone, or a hook name is taken by TRL. The message names it, the
+            transformers or torch internal is gone, TRL's colocated vLLM no longer builds, syncs or generates as
+            `vllm_internals.VLLM_INTERNALS` says, or a hook name is taken by TRL. The message names it, the
             version it was written against and the supported versions.
     """
     problems = []
@@ -144,6 +146,7 @@ def check_contact_surface(
     problems += [f"RepeatSampler has no field {f!r}" for f in REPEAT_SAMPLER_FIELDS if not hasattr(sampler, f)]
     problems += _missing_transformers_internals(compile_config_class, model_class)
     problems += _missing_torch_internals()
+    problems += missing_vllm_internals(trainer_class)
     if problems:
         raise TRLCompatibilityError(
             "trl_grpo_ext does not fit this TRL/transformers (" + _versions() + "): " + "; ".join(problems)
