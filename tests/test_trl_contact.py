@@ -19,6 +19,7 @@ import trl_grpo_ext
 from trl_grpo_ext import trl_contact
 from trl_grpo_ext.resume import load_resume_state, save_resume_state
 from trl_grpo_ext.trl_contact import (
+    DEEPSPEED_ATTRIBUTES,
     PRIVATE_METHODS,
     GRPOLoopState,
     TRLCompatibilityError,
@@ -273,10 +274,25 @@ def test_the_package_re_exports_every_public_name_of_its_modules_and_checks_at_i
 
 def test_a_deepspeed_engine_without_what_grad_reg_touches_is_refused_by_name():
     """DeepSpeed is optional, so its attributes are checked when the trainer first meets an engine (the real engine
-    runs in tests/engines/test_engines.py): an engine or ZeRO optimizer without one raises, naming it."""
-    optimizer = SimpleNamespace(clip_grad=1.0)
-    check_deepspeed_engine(SimpleNamespace(skipped_steps=0, optimizer=optimizer))
-    with pytest.raises(TRLCompatibilityError, match=re.escape("engine has no `skipped_steps`, which grad_reg reads")):
-        check_deepspeed_engine(SimpleNamespace(optimizer=optimizer))
-    with pytest.raises(TRLCompatibilityError, match=re.escape("engine.optimizer has no `clip_grad`")):
-        check_deepspeed_engine(SimpleNamespace(skipped_steps=0, optimizer=SimpleNamespace()))
+    runs in tests/engines/test_engines.py): an engine, its parsed config or its ZeRO optimizer without one of
+    `DEEPSPEED_ATTRIBUTES` raises, naming it; a ZeRO-0 engine's plain optimizer is not asked for `clip_grad`."""
+
+    def engine(stage=2):
+        return SimpleNamespace(
+            skipped_steps=0, zero_optimization_stage=lambda: stage, fp16_enabled=lambda: False,
+            bfloat16_enabled=lambda: False, zero_compute_grad_norm=lambda: True,
+            _config=SimpleNamespace(bfloat16_config=SimpleNamespace(check_grad_overflow=True)),
+            optimizer=SimpleNamespace(clip_grad=1.0),
+        )  # fmt: skip
+
+    check_deepspeed_engine(engine())
+    owners = {"engine": lambda e: e, "engine.optimizer": lambda e: e.optimizer,
+              "engine._config.bfloat16_config": lambda e: e._config.bfloat16_config}  # fmt: skip
+    for owner, name in DEEPSPEED_ATTRIBUTES:
+        lacking = engine()
+        delattr(owners[owner](lacking), name)
+        with pytest.raises(TRLCompatibilityError, match=re.escape(f"{owner} has no `{name}`, which grad_reg reads")):
+            check_deepspeed_engine(lacking)
+    plain = engine(stage=0)
+    del plain.optimizer.clip_grad
+    check_deepspeed_engine(plain)

@@ -424,31 +424,6 @@ def test_vllm_keeps_its_base_weights_with_adapter_sync_and_trl_merges_into_them(
     assert (merged[1] - loaded[1]).abs().max() > 100 * LOGP_ATOL or merged[0] != loaded[0]
 
 
-def test_adapter_sync_time_against_the_merge(adapter_run, vllm_model_dir, tmp_path):
-    """The sync alone, 5 times each on this model (2 layers, hidden 64, LoRA r=8 on q/v; fp32 on 2 CPU cores).
-    Measured (no assertion on time; printed), two runs with the cores shared with other jobs: adapter 8-26 ms a sync
-    (save to the temporary folder, in-place load, prefix-cache reset), merge 70-91 ms (TRL's merge, `load_weights`
-    inside the CPU adaptation's layerwise reload and repacking, unmerge)."""
-    import time
-
-    trainer, _ = adapter_run
-    merging = _adapter_trainer(vllm_model_dir, tmp_path, sync="merge")
-    timings = {}
-    for name, sync in (
-        ("adapter", trainer.features["vllm_lora"].sync),
-        ("merge", merging.vllm_generation.sync_weights),
-    ):
-        sync()  # warm
-        seconds = []
-        for _ in range(5):
-            start = time.perf_counter()
-            sync()
-            seconds.append(time.perf_counter() - start)
-        timings[name] = seconds
-    print("sync seconds:", {name: [round(s * 1e3, 2) for s in v] for name, v in timings.items()}, "(ms)")
-    assert all(s > 0 for v in timings.values() for s in v)
-
-
 def _fp8_grid_model(model_dir, output_dir) -> str:
     """`model_dir`'s model with every decoder-layer linear weight on vLLM's fp8 per-channel grid (e4m3, one scale
     per output channel: absmax / 448), saved to `output_dir`: the base a QLoRA-style run trains on, dequantized."""

@@ -85,8 +85,9 @@ DEEPSPEED_FLOOR = "0.19.8"
 
 def check_deepspeed(args) -> None:
     """The non-finite guard under DeepSpeed, which steps inside `backward` before the guard can look: refused where
-    DeepSpeed itself would apply a NaN or infinite step (a release older than `DEEPSPEED_FLOOR`, or the DeepSpeed
-    config's `bf16.check_grad_overflow` set to false), read before the model loads (`launch_engine`).
+    DeepSpeed itself would apply a NaN or infinite step, or count fp16 loss-scale overflows as skipped steps (a
+    release older than `DEEPSPEED_FLOOR`, or what `_unguarded` reads in its config), before the model loads
+    (`launch_engine`).
 
     Raises:
         ValueError: one line naming `grad_reg`, the DeepSpeed setting or version and the way out.
@@ -106,13 +107,41 @@ def check_deepspeed(args) -> None:
             f"{installed}: older releases write a step whose gradient is NaN or infinite into the weights (fp32 and "
             "bf16), before any guard can skip it; upgrade DeepSpeed, or drop grad_reg"
         )
-    check = ((deepspeed.config or {}).get("bf16") or {}).get("check_grad_overflow", True)
-    if check is False or str(check).lower() == "false":
-        raise ValueError(
-            f"grad_reg={args.grad_reg} with bf16.check_grad_overflow={check} in {deepspeed.where}: DeepSpeed then "
-            "applies a step whose gradient is NaN or infinite, before any guard can skip it; remove that setting, or "
-            "drop grad_reg"
-        )
+    problem = _unguarded(deepspeed.config or {}, deepspeed.stage)
+    if problem is not None:
+        raise ValueError(f"grad_reg={args.grad_reg} under DeepSpeed ({deepspeed.where}): {UNGUARDED[problem]}; drop "
+                         "grad_reg or change that setting")  # fmt: skip
+
+
+def _off(value) -> bool:
+    """A DeepSpeed config flag read as off, as DeepSpeed's pydantic config reads it (False, 0, "false", "no", ...)."""
+    return value is False or str(value).strip().lower() in ("0", "false", "no", "off", "f", "n")
+
+
+# Why DeepSpeed would not skip a step whose gradient is NaN or infinite by itself, or would count its fp16 loss-scale
+# overflows as such skips, by the key `_unguarded` (from the config read here) and
+# `trl_contact.deepspeed_guard_problem` (from the config DeepSpeed parsed, at the first step) return
+UNGUARDED = {
+    "zero_0": "ZeRO stage 0 steps with the plain optimizer, which neither clips at grad_reg's bound nor skips a step",
+    "fp16": "fp16 loss scaling counts each loss-scale overflow as a skipped step, which grad_reg cannot tell apart",
+    "no_grad_norm": "zero_optimization.compute_grad_norm is off, so DeepSpeed neither reports the norm nor checks it",
+    "bf16_unchecked": "bf16.check_grad_overflow is off, so DeepSpeed applies a step whose gradient is NaN or infinite",
+}
+
+
+def _unguarded(config: dict, stage: str | None) -> str | None:
+    """The key of `UNGUARDED` that DeepSpeed with `config` (its JSON, as far as it can be read here) at ZeRO `stage`
+    falls under; None when nothing read here says so."""
+    bf16 = config.get("bf16") or config.get("bfloat16") or {}  # "bfloat16": DeepSpeed's older name
+    if stage == "0":
+        return "zero_0"
+    if not _off((config.get("fp16") or {}).get("enabled", False)):
+        return "fp16"
+    if stage in ("1", "2") and _off((config.get("zero_optimization") or {}).get("compute_grad_norm", True)):
+        return "no_grad_norm"
+    if stage in ("1", "2") and not _off(bf16.get("enabled", False)) and _off(bf16.get("check_grad_overflow", True)):
+        return "bf16_unchecked"
+    return None
 
 
 def check_grad_reg_engine(args) -> None:

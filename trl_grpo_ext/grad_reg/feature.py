@@ -23,6 +23,7 @@ from ..resume import checkpoint_problem
 from ..trl_contact import (
     check_deepspeed_engine,
     deepspeed_clip,
+    deepspeed_guard_problem,
     deepspeed_skipped_steps,
     grad_norm,
     log_total,
@@ -32,6 +33,7 @@ from ..trl_contact import (
     set_deepspeed_clip,
 )
 from .adaptive_kl import AdaptiveKL, per_token_kl
+from .config import UNGUARDED
 from .modes import GRAD_REG_MODES
 from .state import GradRegState
 
@@ -66,7 +68,10 @@ class GradReg(Feature):
     After it, whether the step was skipped is read off the engine (its `skipped_steps` went up), not off the norm it
     reports, which some releases report finite for a NaN step; a skip is counted as above, and ZClip learns from the
     norm of a step taken. A non-finite norm on a step the engine took means the weights are no longer finite: the
-    run stops at once with `NonFiniteGradientError`, saving nothing. AGC is refused there.
+    run stops at once with `NonFiniteGradientError`, saving nothing. Refused at the first step, from the config
+    DeepSpeed parsed (`trl_contact.deepspeed_guard_problem`), where the engine would not skip such a step or would
+    count its fp16 loss-scale overflows as skips: ZeRO-0, fp16, `compute_grad_norm` off, bf16 without its overflow
+    check (ZeRO-1/2). AGC is refused there.
 
     Raises:
         ValueError: what a mode refuses when built (`agc` under DeepSpeed or FSDP).
@@ -103,11 +108,15 @@ class GradReg(Feature):
         return self.trainer.accelerator.distributed_type == DistributedType.DEEPSPEED
 
     def training_step(self, model) -> None:
-        if not self._deepspeed():
+        if not self.modes or not self._deepspeed():  # kl_target alone: DeepSpeed steps as it does
             return
         engine = self.trainer.deepspeed
-        if self._engine_skipped is None:
+        if self._engine_skipped is None:  # the first step: the engine as DeepSpeed parsed its config
             check_deepspeed_engine(engine)
+            problem = deepspeed_guard_problem(engine)
+            if problem is not None:
+                raise ValueError(f"grad_reg={self.trainer.args.grad_reg} under DeepSpeed: {UNGUARDED[problem]}; drop "
+                                 "grad_reg or change that DeepSpeed setting")  # fmt: skip
         self._engine_skipped = deepspeed_skipped_steps(engine)  # the step comes in this window's last backward
         bounds = [bound for bound in (mode.deepspeed_bound() for mode in self.modes) if bound is not None]
         if bounds:  # DeepSpeed clips at it in the backward that steps

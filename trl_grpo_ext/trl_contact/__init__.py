@@ -60,6 +60,7 @@ from .deepspeed_internals import (
     DEEPSPEED_ATTRIBUTES,
     check_deepspeed_engine,
     deepspeed_clip,
+    deepspeed_guard_problem,
     deepspeed_skipped_steps,
     set_deepspeed_clip,
 )
@@ -119,6 +120,7 @@ __all__ = [
     "compile_counters",
     "compiles_in_one_graph",
     "deepspeed_clip",
+    "deepspeed_guard_problem",
     "deepspeed_skipped_steps",
     "drop_repeated_input_grad_hooks",
     "engine_arguments",
