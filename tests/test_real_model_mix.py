@@ -1,0 +1,67 @@
+"""The real-model task mix of issue #60 (benchmarks/real_model_mix.py): its groups and rewards, the steps-to-threshold
+arithmetic of its report, and the 2-step smoke of the script on the tiny model (the grid itself runs SmolLM2-135M,
+outside CI)."""
+
+import importlib.util
+import json
+import statistics
+from collections import Counter
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+spec = importlib.util.spec_from_file_location("real_model_mix", REPO_ROOT / "benchmarks" / "real_model_mix.py")
+mix = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mix)
+
+
+def test_the_mix_has_five_unequal_policy_groups_with_right_answers():
+    rows = mix.mix_rows()
+    sizes = Counter(row["task"] for row in rows)
+    assert sizes == {"product": 72, "sum": 45, "sum3": 40, "repeat": 30, "noisy": 24}
+    assert rows == mix.mix_rows()  # fixed
+    for row in rows:
+        text = row["prompt"][0]["content"]
+        operands = [int(n) for n in mix._INTEGER.findall(text)]
+        if row["task"] == "product":
+            expected = operands[0] * operands[1]
+        else:  # a sum, or the number to repeat
+            expected = sum(operands)
+        assert row["answer"] == str(expected), text
+    assert {row["task"] for row in mix.rows_for("oracle_groups", rows)} == set(mix.LEARNABLE)
+    assert {row["task"] for row in mix.rows_for("oracle_skip", rows)} == {"product", "sum", "noisy"}
+
+
+def test_the_reward_pays_the_last_integer_and_the_noisy_judge_pays_at_its_rates(tmp_path):
+    reward = mix.MixReward(tmp_path / "log.jsonl")
+    prompts = [[{"role": "user", "content": "What is 2 times 3?"}]] * 2
+    completions = [[{"content": "2 times 3 is 6"}], [{"content": "6, no, 7"}]]
+    assert reward(prompts, completions, ["6", "6"], ["product", "product"]) == [1.0, 0.0]
+    # the repeat group pays the number anywhere in the completion
+    repeat = [[{"role": "user", "content": "Repeat the number 47."}]] * 2
+    said = [[{"content": "47 is the number, 12"}], [{"content": "74"}]]
+    assert reward(repeat, said, ["47", "47"], ["repeat", "repeat"]) == [1.0, 0.0]
+    # the same text always gets the same score; over many texts, right answers are paid 60% and wrong ones 20%
+    right = [mix.noisy_judge("What is 12 plus 30?", f"42 #{i}", True) for i in range(4000)]
+    wrong = [mix.noisy_judge("What is 12 plus 30?", f"41 #{i}", False) for i in range(4000)]
+    assert right[:50] == [mix.noisy_judge("What is 12 plus 30?", f"42 #{i}", True) for i in range(50)]
+    assert statistics.fmean(right) == pytest.approx(mix.NOISY_PAY_RIGHT, abs=0.03)
+    assert statistics.fmean(wrong) == pytest.approx(mix.NOISY_PAY_WRONG, abs=0.03)
+
+
+def test_steps_to_the_threshold_follow_the_learnable_groups_moving_mean():
+    # learnable rewards 0.0, 0.2, ..., 1.0 over 6 steps: 5-step moving means 0, .1, .2, .3, .4, .6
+    rewards = [{"step": s, "rewards": {"product": [0.2 * (s - 1)], "sum3": [0.0]}} for s in range(1, 7)]
+    result = {"max_steps": 6, "rewards": rewards, "steps": [{"completions/mean_length": 10.0}] * 6}
+    assert mix.moving_mean(mix.group_series(result, mix.LEARNABLE)) == pytest.approx([0, 0.1, 0.2, 0.3, 0.4, 0.6])
+    assert mix.to_threshold(result, 0.35) == (5, 5 * 10.0 * mix.COMPLETIONS)
+    assert mix.to_threshold(result, 0.9) == (None, None)
+    assert mix.final_rewards(result)["product"] == pytest.approx(0.6) and mix.final_rewards(result)["noisy"] is None
+
+
+def test_the_script_runs_two_steps_on_the_tiny_model(capsys):
+    assert mix.main(["smoke"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["steps"] == 2 and set(summary["groups"]) <= {"product", "sum", "sum3", "repeat", "noisy"}
+    assert len(summary["groups"]) >= 2
