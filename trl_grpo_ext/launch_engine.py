@@ -66,6 +66,24 @@ def deepspeed_launch(args) -> DeepSpeedLaunch | None:
     return DeepSpeedLaunch(config, launch_stage if stage == "auto" else str(stage), where)
 
 
+def sharding_engine(args) -> str | None:
+    """The engine that will shard the model's weights over processes, with the setting it comes from ("FSDP, from
+    accelerate launch's ACCELERATE_USE_FSDP"), or None (one process, DDP, DeepSpeed ZeRO-0/1/2); read before either
+    accelerate or transformers builds a plugin."""
+    fsdp = fsdp_source(args)
+    if fsdp is not None:
+        return f"FSDP, from {fsdp}"
+    deepspeed = deepspeed_launch(args)
+    if deepspeed is None or deepspeed.stage != "3":
+        return None
+    return f"DeepSpeed ZeRO-3, from {deepspeed.where}"
+
+
+def deepspeed_flag_off(value) -> bool:
+    """A DeepSpeed config flag read as off, as DeepSpeed's pydantic config reads it (False, 0, "false", "no", ...)."""
+    return value is False or str(value).strip().lower() in ("0", "false", "no", "off", "f", "n")
+
+
 def _read(config: dict | str) -> dict | None:
     """A DeepSpeed config given as a dict or a JSON file's path; None when it cannot be read here."""
     if isinstance(config, str):

@@ -5,7 +5,7 @@ its docstring), their ranges and the rules between them and TRL's (`FAST_GENERAT
 from dataclasses import dataclass, field
 
 from ..field_checks import ConfigPart, Range
-from ..launch_engine import deepspeed_launch, fsdp_source
+from ..launch_engine import sharding_engine
 
 GENERATION_LORA_MERGE = ("none", "inplace", "copy")
 
@@ -138,19 +138,6 @@ def check_generation_engine(args) -> None:
             f"{', '.join(levers)}: the weights are sharded over processes ({engine}), so no process holds a whole "
             f"layer to merge or compile; use DDP or ZeRO-1/2, or turn fast generation off ({' '.join(off)})"
         )
-
-
-def sharding_engine(args) -> str | None:
-    """The engine that will shard the model's weights over processes, with the setting it comes from ("FSDP, from
-    accelerate launch's ACCELERATE_USE_FSDP"), or None (one process, DDP, DeepSpeed ZeRO-0/1/2); read before either
-    accelerate or transformers builds a plugin (`trl_grpo_ext.launch_engine`)."""
-    fsdp = fsdp_source(args)
-    if fsdp is not None:
-        return f"FSDP, from {fsdp}"
-    deepspeed = deepspeed_launch(args)
-    if deepspeed is None or deepspeed.stage != "3":
-        return None
-    return f"DeepSpeed ZeRO-3, from {deepspeed.where}"
 
 
 FAST_GENERATION_CONFIG = ConfigPart(

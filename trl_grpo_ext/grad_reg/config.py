@@ -8,6 +8,7 @@ from importlib.metadata import PackageNotFoundError, version
 from packaging.version import Version
 
 from ..field_checks import ConfigPart, Range
+from ..launch_engine import deepspeed_flag_off as off
 from ..launch_engine import deepspeed_launch
 from . import modes
 from .modes import GRAD_REG_MODES
@@ -113,11 +114,6 @@ def check_deepspeed(args) -> None:
                          "grad_reg or change that setting")  # fmt: skip
 
 
-def _off(value) -> bool:
-    """A DeepSpeed config flag read as off, as DeepSpeed's pydantic config reads it (False, 0, "false", "no", ...)."""
-    return value is False or str(value).strip().lower() in ("0", "false", "no", "off", "f", "n")
-
-
 # Why DeepSpeed would not skip a step whose gradient is NaN or infinite by itself, or would count its fp16 loss-scale
 # overflows as such skips, by the key `_unguarded` (from the config read here) and
 # `trl_contact.deepspeed_guard_problem` (from the config DeepSpeed parsed, at the first step) return
@@ -135,11 +131,11 @@ def _unguarded(config: dict, stage: str | None) -> str | None:
     bf16 = config.get("bf16") or config.get("bfloat16") or {}  # "bfloat16": DeepSpeed's older name
     if stage == "0":
         return "zero_0"
-    if not _off((config.get("fp16") or {}).get("enabled", False)):
+    if not off((config.get("fp16") or {}).get("enabled", False)):
         return "fp16"
-    if stage in ("1", "2") and _off((config.get("zero_optimization") or {}).get("compute_grad_norm", True)):
+    if stage in ("1", "2") and off((config.get("zero_optimization") or {}).get("compute_grad_norm", True)):
         return "no_grad_norm"
-    if stage in ("1", "2") and not _off(bf16.get("enabled", False)) and _off(bf16.get("check_grad_overflow", True)):
+    if stage in ("1", "2") and not off(bf16.get("enabled", False)) and off(bf16.get("check_grad_overflow", True)):
         return "bf16_unchecked"
     return None
 

@@ -4,7 +4,7 @@
 from dataclasses import dataclass, field
 
 from ..field_checks import ConfigPart
-from ..launch_engine import deepspeed_launch, fsdp_source
+from ..launch_engine import sharding_engine
 
 VLLM_LORA_SYNC = ("merge", "adapter")
 
@@ -57,10 +57,7 @@ def check_vllm_lora_fields(args) -> None:
             f"{head} keeps vLLM's base weights, which vllm_enable_sleep_mode=True drops between generations (sleep "
             "level 2) for TRL to push them again merged: turn one of them off"
         )
-    engine = f"FSDP, from {fsdp_source(args)}" if fsdp_source(args) else None
-    deepspeed = deepspeed_launch(args)
-    if deepspeed is not None and deepspeed.stage == "3":
-        engine = f"DeepSpeed ZeRO-3, from {deepspeed.where}"
+    engine = sharding_engine(args)
     if engine is not None:
         raise ValueError(
             f"{head} saves each process's whole adapter, which is sharded under {engine}: use DDP or ZeRO-1/2, or "
