@@ -10,7 +10,9 @@ nothing to learn (always solved, never solvable, a coin flip or uniform noise fr
 without a noise group, with and without solved groups, 0/1 and continuous rewards. The widened family of issue #31
 (`WIDE_MIXES`) has 640 prompts a mix (160 steps draw about each once): continuous learnable rewards that are 0 for
 most completions at the start (their generation groups start uninformative, like a solved group's), noise groups of
-20-30%, 3 to 6 groups of unequal size, 0/1 and continuous rewards.
+20-30%, 3 to 6 groups of unequal size, 0/1 and continuous rewards; `lucky_mix` (issue #60) puts beside two learnable
+groups one that is right by luck 1 time in 25 and learns nothing, as SmolLM2's three-digit sums in
+`real_model_mix.py`.
 
 Both trainers get the same model, data, seed, batch (16 completions a step) and learning rate. `trl.GRPOTrainer`
 draws prompts uniformly; trl_grpo_ext gets `policy_group_column="task"` and nothing else (plus `--ours` overrides).
@@ -77,6 +79,9 @@ TASKS = {
     "uniform_noise": (lambda text, n: _hash01(text), False),  # continuous noise
     "constant": (lambda text, n: 0.7, False),  # continuous, solved
     "easy": (lambda text, n: float(zlib.crc32(text.encode()) % 8 != 0), False),  # 0/1, right 7 times in 8
+    # 0/1, right by luck 1 time in 25: a generation group of 4 is informative 15% of the time, and nothing is learnt
+    # (a hard problem a real model solves now and then, like SmolLM2's three-digit sums, issue #60)
+    "lucky": (lambda text, n: float(zlib.crc32(text.encode()) % 25 == 0), False),
 }
 # mix -> ({group: (task, share of the prompts)}, threshold of the learnable groups' evaluation reward)
 MIXES = {
@@ -107,6 +112,10 @@ WIDE_MIXES = {
     "six_unequal": ({"brevity": ("brevity_gate", 0.1), "short": ("short", 0.25), "digits": ("digits", 0.05),
                      "noise": ("uniform_noise", 0.25), "solved": ("solved", 0.15),
                      "hopeless": ("hopeless", 0.2)}, 0.5),
+    # issue #60's real-model mix in tiny-model tasks, in about its shares (34/21/19/14/11%): two learnable groups, one
+    # right now and then by luck only, a nearly solved one and a noise group
+    "lucky_mix": ({"short": ("short", 0.35), "shorter": ("shorter", 0.2), "lucky": ("lucky", 0.2),
+                   "easy": ("easy", 0.15), "noise": ("coin", 0.1)}, 0.7),
 }  # fmt: skip
 MIXES |= WIDE_MIXES
 MIX_PROMPTS = {mix: 640 for mix in WIDE_MIXES}  # the others: PROMPTS

@@ -33,10 +33,11 @@ Variants (`VARIANTS`): `stock` (TRL), each feature with its README setting (`pol
 bounds: `oracle_groups` (stock TRL on the learnable groups' prompts only) and `oracle_skip` (stock TRL without the
 groups known to give no signal, `sum3` and `repeat`).
 
-Report (`report`): per variant, the steps and completion tokens until the learnable groups' mean reward (5-step
-moving mean) reaches the threshold, set at `THRESHOLD_SHARE` of stock TRL's final learnable reward (median over its
-seeds); final reward per group (mean of the last 5 steps), entropy, seconds per step; the median over seeds, its
-ratio to stock TRL's and the share of the bound's gain; and which variant x seed runs are missing.
+Report (`report`): per variant, the steps and completion tokens until the learnable groups' reward (each group's
+mean over the completions of the last 5 steps, the two groups counted alike: `learnable_curve`) reaches the
+threshold, set at `THRESHOLD_SHARE` of stock TRL's final learnable reward (median over its seeds); final reward per
+group (mean of the last 5 steps), entropy, seconds per step; the median over seeds, its ratio to stock TRL's and the
+share of the bound's gain; and which variant x seed runs are missing.
 """
 
 import argparse
@@ -205,20 +206,29 @@ def group_series(result: dict, groups: tuple[str, ...]) -> list[float | None]:
     return [statistics.fmean(by_step[s]) if by_step.get(s) else None for s in range(1, result["max_steps"] + 1)]
 
 
-def moving_mean(series: list[float | None], window: int = 5) -> list[float | None]:
-    out = []
-    for i in range(len(series)):
-        values = [v for v in series[max(0, i - window + 1) : i + 1] if v is not None]
-        out.append(statistics.fmean(values) if values else None)
-    return out
+def learnable_curve(result: dict, window: int = 5) -> list[float | None]:
+    """Per step, the learnable groups' reward: each group's mean over the completions scored in the last `window`
+    steps, averaged over the groups with each counted alike (so that a variant drawing one of them more than the
+    other is not scored by its draw; None until every learnable group was scored in the window)."""
+    by_step: dict[int, dict[str, list[float]]] = {}
+    for entry in result["rewards"]:
+        for group, scores in entry["rewards"].items():
+            by_step.setdefault(entry["step"], {}).setdefault(group, []).extend(scores)
+    curve = []
+    for step in range(1, result["max_steps"] + 1):
+        means = []
+        for group in LEARNABLE:
+            pooled = [v for s in range(max(1, step - window + 1), step + 1) for v in by_step.get(s, {}).get(group, [])]
+            means.append(statistics.fmean(pooled) if pooled else None)
+        curve.append(statistics.fmean(means) if None not in means else None)
+    return curve
 
 
 def to_threshold(result: dict, threshold: float) -> tuple[int | None, float | None]:
-    """(steps, completion tokens) until the learnable groups' 5-step moving mean reward reaches `threshold`; None
+    """(steps, completion tokens) until the learnable groups' reward (`learnable_curve`) reaches `threshold`; None
     when it never does."""
-    smooth = moving_mean(group_series(result, LEARNABLE))
     tokens = 0.0
-    for step, (value, row) in enumerate(zip(smooth, result["steps"], strict=False), start=1):
+    for step, (value, row) in enumerate(zip(learnable_curve(result), result["steps"], strict=False), start=1):
         # what was generated: prompt skipping logs it (skipped prompts generate nothing); else every completion
         tokens += row.get("prompt_skip/completion_tokens", row.get("completions/mean_length", 0.0) * COMPLETIONS)
         if value is not None and value >= threshold:
@@ -241,6 +251,30 @@ def final_rewards(result: dict) -> dict[str, float | None]:
     return out
 
 
+BOUNDS = {"policy_groups": ("oracle_groups", 0), "prompt_skip": ("oracle_skip", 1)}  # bound, index: steps or tokens
+
+
+def comparison(reached: dict, variant: str) -> str:
+    """`variant` against stock TRL, paired by seed: the ratio of the medians of steps and of tokens to the threshold
+    over the seeds both ran, and for a variant with a bound (`BOUNDS`) its share of the bound's gain over the seeds
+    all three ran. `reached`: variant -> {seed: (steps, tokens)}."""
+
+    def median(name: str, seeds: set, index: int) -> float:
+        return statistics.median(reached[name][seed][index] for seed in seeds)
+
+    common = set(reached[variant]) & set(reached["stock"])
+    steps, tokens = (median(variant, common, i) / median("stock", common, i) for i in (0, 1))
+    line = f"{variant} (seeds {sorted(common)}): steps x{steps:.2f}, tokens x{tokens:.2f}"
+    bound, index = BOUNDS.get(variant, (None, 0))
+    if bound in reached and common & set(reached[bound]):
+        seeds = common & set(reached[bound])
+        gain = median("stock", seeds, index) - median(bound, seeds, index)
+        own = median("stock", seeds, index) - median(variant, seeds, index)
+        share = f"{own / gain:.0%} of {bound}'s gain (seeds {sorted(seeds)})" if gain > 0 else f"{bound} gains nothing"
+        line += f"; {share}"
+    return line
+
+
 def report(results: Path = RESULTS, seeds: int = 3) -> str:
     loaded = {}
     for path in sorted(results.glob("*_seed*.json")):
@@ -251,18 +285,19 @@ def report(results: Path = RESULTS, seeds: int = 3) -> str:
     if "stock" not in loaded:
         lines.append("no stock TRL run yet: no threshold")
     else:
-        finals = [statistics.fmean(v for v in group_series(r, LEARNABLE)[-5:] if v is not None)
-                  for r in loaded["stock"].values()]  # fmt: skip
+        finals = [learnable_curve(r)[-1] for r in loaded["stock"].values()]
         threshold = THRESHOLD_SHARE * statistics.median(finals)
         lines.append(f"threshold: learnable mean reward {threshold:.3f} ({THRESHOLD_SHARE} x stock's final)")
         lines.append("variant | seeds | steps to threshold | tokens to threshold | "
                      "final product/sum/sum3/repeat/noisy | entropy (last 5) | s/step")  # fmt: skip
-        medians = {}  # variant -> (median steps, median tokens) to the threshold, a run that never reached it at
+        reached = {}  # variant -> {seed: (steps, tokens)} to the threshold; a run that never reached it counts at
         for variant, runs in loaded.items():  # MAX_STEPS + 1 steps and its whole run's tokens
-            reached = [to_threshold(r, threshold) for r in runs.values()]
-            steps = [s if s is not None else MAX_STEPS + 1 for s, _ in reached]
-            tokens = [t if t is not None else run_tokens(r) for (_, t), r in zip(reached, runs.values(), strict=True)]
-            medians[variant] = (statistics.median(steps), statistics.median(tokens))
+            reached[variant] = {}
+            for seed, r in runs.items():
+                steps, tokens = to_threshold(r, threshold)
+                reached[variant][seed] = (steps or MAX_STEPS + 1, tokens if tokens is not None else run_tokens(r))
+            steps = [reached[variant][seed][0] for seed in sorted(runs)]
+            tokens = statistics.median(reached[variant][seed][1] for seed in runs)
             finals = [final_rewards(r) for r in runs.values()]
             final = "/".join(
                 f"{statistics.fmean(f[g] for f in finals if f[g] is not None):.2f}"
@@ -271,20 +306,12 @@ def report(results: Path = RESULTS, seeds: int = 3) -> str:
             )  # fmt: skip
             entropy = statistics.fmean(row["entropy"] for r in runs.values() for row in r["steps"][-5:])
             seconds = statistics.fmean(row.get("step_time", 0.0) for r in runs.values() for row in r["steps"])
-            tok = f"{statistics.median(tokens):.0f}"
-            lines.append(f"{variant} | {sorted(runs)} | {statistics.median(steps)} ({steps}) | {tok} | {final} | "
-                         f"{entropy:.3f} | {seconds:.1f}")  # fmt: skip
-        if "stock" in medians:
-            lines.append("against stock TRL (median steps and tokens to the threshold; share of the bound's gain):")
-            stock_steps, stock_tokens = medians["stock"]
-            for variant, (steps, tokens) in medians.items():
-                ratio = f"{variant}: steps x{steps / stock_steps:.2f}, tokens x{tokens / stock_tokens:.2f}"
-                bound = {"policy_groups": ("oracle_groups", 0), "prompt_skip": ("oracle_skip", 1)}.get(variant)
-                if bound is not None and bound[0] in medians:
-                    gain = medians["stock"][bound[1]] - medians[bound[0]][bound[1]]
-                    own = medians["stock"][bound[1]] - medians[variant][bound[1]]
-                    ratio += f"; {own / gain:.0%} of {bound[0]}'s gain" if gain > 0 else f"; {bound[0]} gains nothing"
-                lines.append(ratio)
+            lines.append(f"{variant} | {sorted(runs)} | {statistics.median(steps)} ({steps}) | {tokens:.0f} | "
+                         f"{final} | {entropy:.3f} | {seconds:.1f}")  # fmt: skip
+        lines.append("against stock TRL on the seeds both ran (median steps and tokens to the threshold; share of the "
+                     "bound's gain on the seeds all three ran):")  # fmt: skip
+        for variant in reached:
+            lines.append(comparison(reached, variant))
     lines.append(f"missing: {', '.join(missing) if missing else 'none'}")
     return "\n".join(lines)
 

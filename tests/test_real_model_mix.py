@@ -50,12 +50,17 @@ def test_the_reward_pays_the_last_integer_and_the_noisy_judge_pays_at_its_rates(
     assert statistics.fmean(wrong) == pytest.approx(mix.NOISY_PAY_WRONG, abs=0.03)
 
 
-def test_steps_to_the_threshold_follow_the_learnable_groups_moving_mean():
-    # learnable rewards 0.0, 0.2, ..., 1.0 over 6 steps: 5-step moving means 0, .1, .2, .3, .4, .6
-    rewards = [{"step": s, "rewards": {"product": [0.2 * (s - 1)], "sum3": [0.0]}} for s in range(1, 7)]
+def test_steps_to_the_threshold_follow_the_learnable_groups_counted_alike():
+    # product scored 0.0, 0.2, ..., 1.0 over 6 steps (one completion a step), sum 0.0 twice a step from step 2
+    rewards = [
+        {"step": s, "rewards": {"product": [0.2 * (s - 1)], "sum3": [0.0], **({"sum": [0.0, 0.0]} if s > 1 else {})}}
+        for s in range(1, 7)
+    ]
     result = {"max_steps": 6, "rewards": rewards, "steps": [{"completions/mean_length": 10.0}] * 6}
-    assert mix.moving_mean(mix.group_series(result, mix.LEARNABLE)) == pytest.approx([0, 0.1, 0.2, 0.3, 0.4, 0.6])
-    assert mix.to_threshold(result, 0.35) == (5, 5 * 10.0 * mix.COMPLETIONS)
+    # product's 5-step pooled means .1, .2, .3, .4, .6 from step 2 (none of sum at step 1), sum's 0: half of them;
+    # pooling both groups' completions would give sum twice product's say
+    assert mix.learnable_curve(result) == pytest.approx([None, 0.05, 0.1, 0.15, 0.2, 0.3])
+    assert mix.to_threshold(result, 0.18) == (5, 5 * 10.0 * mix.COMPLETIONS)
     assert mix.to_threshold(result, 0.9) == (None, None)
     assert mix.final_rewards(result)["product"] == pytest.approx(0.6) and mix.final_rewards(result)["noisy"] is None
 
@@ -65,3 +70,17 @@ def test_the_script_runs_two_steps_on_the_tiny_model(capsys):
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["steps"] == 2 and set(summary["groups"]) <= {"product", "sum", "sum3", "repeat", "noisy"}
     assert len(summary["groups"]) >= 2
+
+
+def test_variants_are_compared_with_stock_trl_on_the_seeds_both_ran():
+    reached = {
+        "stock": {0: (30, 3000.0), 1: (20, 2000.0), 2: (40, 4000.0)},
+        "oracle_groups": {0: (20, 2000.0), 1: (10, 1000.0)},
+        "policy_groups": {0: (25, 2500.0), 1: (20, 1000.0)},  # seed 2 not run yet
+    }
+    # seeds 0 and 1: medians 25 / 22.5 steps (x0.9 of stock's 25), 1750 / 2500 tokens; the oracle's gain 10 steps
+    line = mix.comparison(reached, "policy_groups")
+    assert line == (
+        "policy_groups (seeds [0, 1]): steps x0.90, tokens x0.70; 25% of oracle_groups's gain (seeds [0, 1])"
+    )
+    assert mix.comparison(reached, "stock") == "stock (seeds [0, 1, 2]): steps x1.00, tokens x1.00"
