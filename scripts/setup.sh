@@ -22,5 +22,5 @@ if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
   "${install[@]}" "$spec"
 fi
 echo "Installing trl-grpo-ext (editable) with its test tools into $venv"
-"${install[@]}" -e ".[test]"
+"${install[@]}" -e ".[all,test]"
 touch "$venv/.installed"

@@ -112,8 +112,22 @@ for args, expected in ((["--help"], "tiny-model"), (memory, "\npeak ")):
     assert code == 0 and expected in out.getvalue(), f"trl-grpo-ext {' '.join(args)}: exit {code}\n{out.getvalue()}"
     lines = [line for line in out.getvalue().splitlines() if line.startswith(("usage", "peak", "card"))]
     print(f"trl-grpo-ext {' '.join(args)} ({script.value}): " + "\n  ".join(lines))
+# the wheel without extras: none of the extras' packages, and the GSM8K task's import names the extra to install
+from importlib.util import find_spec
+
+from trl_grpo_ext.error_reports import EXTRAS, MissingDependencyError
+
+installed = [module for module in EXTRAS if find_spec(module) is not None]
+assert not installed, f"the wheel without extras installed {installed}"
+try:
+    import trl_grpo_ext.gsm8k.rewards  # noqa: F401
+except MissingDependencyError as error:
+    assert "pip install 'trl-grpo-ext[gsm8k]'" in str(error), error
+    print(f"without extras: no {', '.join(EXTRAS)}; import trl_grpo_ext.gsm8k.rewards: {error}")
+else:
+    raise AssertionError("trl_grpo_ext.gsm8k.rewards imported without math-verify")
 EOF
-stage "import trl_grpo_ext, GRPOConfig, GRPOTrainer; trl-grpo-ext --help, memory"
+stage "import trl_grpo_ext, GRPOConfig, GRPOTrainer; trl-grpo-ext --help, memory; the extras left out"
 wait "$tiny_pid" && [ -f "$work/tiny/config.json" ] && [ -f "$work/tiny/tokenizer.json" ] \
   || fail "trl-grpo-ext tiny-model $work/tiny:"$'\n'"$(cat "$work/tiny.txt")"
 grep '^Wrote ' "$work/tiny.txt"

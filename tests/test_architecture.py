@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 import trl
 from datasets import Dataset
@@ -20,11 +21,10 @@ from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.config import FEATURE_CONFIGS
 from trl_grpo_ext.entropy import bonus
 from trl_grpo_ext.entropy.modes import ENTROPY_REG_MODES, EntropyMode
-from trl_grpo_ext.features import FEATURE_CLASSES, POINTS, Feature, Regroup
+from trl_grpo_ext.feature_api import FEATURE_CLASSES, POINTS, Feature, Registry, Regroup
 from trl_grpo_ext.grad_reg.modes import GRAD_REG_MODES, GradRegMode
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
-from trl_grpo_ext.registry import Registry
-from trl_grpo_ext.trainer import FEATURES, STEP, step_features
+from trl_grpo_ext.trainer import FEATURES, PACKAGE_FEATURES, STEP, step_features
 
 PACKAGE = Path(trl_grpo_ext.__file__).parent
 # a folder of the package with a `feature.py` holds a feature (`trainer.py` imports each of those modules)
@@ -136,7 +136,7 @@ def test_the_library_core_imports_nothing_of_the_tools():
     doctor_reads = {"trl_grpo_ext.reporting.callbacks", "trl_grpo_ext.reporting.callbacks.HISTORY_NAME"}
     tools = ("trl_grpo_ext.cli", "trl_grpo_ext.reporting")
     core = _core_modules()
-    assert {"trainer.py", "config.py", "command_name.py", "run_dir.py"} <= {path.name for path in core}
+    assert {"trainer.py", "config.py", "error_reports.py", "run_dir.py"} <= {path.name for path in core}
     for path in core:
         bad = [name for name in _imports(path) if any(name == tool or name.startswith(f"{tool}.") for tool in tools)]
         if path.parent.name == "doctor":
@@ -148,6 +148,9 @@ def test_the_library_core_imports_nothing_of_the_tools():
     outside = ("trl_grpo_ext.cli", "trl_grpo_ext.reporting", "trl_grpo_ext.gsm8k", "trl_grpo_ext.consumer_gpu")
     assert "trl_grpo_ext.trainer" in loaded.stdout.split()
     assert not [name for name in loaded.stdout.split() if name.startswith(outside)]
+    # issue #61: nor the libraries only some features or tools need (k-means and TF-IDF grouping, plots, GSM8K)
+    extras = ("sklearn", "matplotlib", "math_verify")
+    assert not [name for name in loaded.stdout.split() if name.split(".")[0] in extras]
 
 
 def test_every_package_folder_says_what_lives_there():
@@ -267,11 +270,34 @@ def test_each_feature_declares_its_settings_in_its_own_folder():
         assert part.section() in GRPOConfig.__doc__
 
 
-# The library core: the trainer, its config and the modules they share (the contact surface with TRL a module or a
-# package), and the feature folders. The tools (`cli`, `reporting`), task support (`gsm8k`) and the consumer-GPU
-# presets (`consumer_gpu`) are not part of it, nor are the old-path shims of moved modules.
-CORE_MODULES = ("trainer.py", "config.py", "features.py", "registry.py", "registration.py", "resume.py",
-                "field_checks.py", "dataset_preparation.py", "completion_text.py", "command_name.py")  # fmt: skip
+# The library core: the package's top-level modules (the trainer, its config and the modules they share), the contact
+# surface with TRL, and the feature folders. The tools (`cli`, `reporting`), task support (`gsm8k`) and the
+# consumer-GPU presets (`consumer_gpu`) are not part of it.
+CORE_MODULES = tuple(sorted(path.name for path in PACKAGE.glob("*.py") if path.name != "__init__.py"))
+
+
+def test_the_top_level_is_a_few_modules_each_worth_its_own_file():
+    """Issue #61: at most 10 top-level modules (with `__init__.py`), none under 30 lines but `__init__.py`, and each
+    named in `docs/layout.md`, so a newcomer reads what each holds there."""
+    modules = sorted(PACKAGE.glob("*.py"))
+    assert len(modules) <= 10, [path.name for path in modules]
+    layout = (PACKAGE.parent / "docs" / "layout.md").read_text()
+    for path in modules:
+        if path.name != "__init__.py":
+            assert len(path.read_text().splitlines()) >= 30, path.name
+            assert path.name in layout, path.name
+    short = [path for path in PACKAGE.rglob("*.py") if len(path.read_text().splitlines()) < 30
+             and path.name not in ("__init__.py", "__main__.py")]  # fmt: skip
+    assert not short, [str(path.relative_to(PACKAGE)) for path in short]
+
+
+def test_the_trainer_imports_each_feature_by_name():
+    """Issue #61: the package's features are imported by name in `trainer.py` (`PACKAGE_FEATURES`), not found by a
+    glob over the folders, and they are exactly the features `STEP` names."""
+    names = {name for acting in STEP.values() for name in acting}
+    assert {feature.name for feature in PACKAGE_FEATURES} == names
+    source = (PACKAGE / "trainer.py").read_text()
+    assert ".glob(" not in source and "import_module" not in source
 
 
 def _core_modules() -> list[Path]:
@@ -300,3 +326,11 @@ def _imports(path: Path) -> list[str]:
                 base = f"{parent}.{base}" if base else parent
             names += [base] + [f"{base}.{alias.name}" for alias in node.names]
     return names
+
+
+def test_the_test_settings_hide_no_warning_category_wholesale():
+    """Issue #61: pytest's `filterwarnings` names each third-party warning it ignores by its message; none ignores a
+    whole category (which hid the deprecations TRL and transformers raise about the APIs this package calls)."""
+    settings = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    filters = settings["filterwarnings"]
+    assert filters and all(re.match(r"ignore:[^:]+:\w+Warning$", line) for line in filters), filters

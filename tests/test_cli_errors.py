@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.test_recipes import load_recipe
-from trl_grpo_ext import cli, command_name
+from trl_grpo_ext import cli, error_reports
 from trl_grpo_ext.cli import errors
 from trl_grpo_ext.gsm8k.data import DatasetFormatError
 
@@ -368,7 +368,7 @@ def test_the_command_named_in_messages_runs_from_here(monkeypatch, tmp_path):
     """Issue #30: right after `make demo` the venv is not activated, so `trl-grpo-ext` is not on PATH: the messages
     name the script in the venv, or `python -m trl_grpo_ext.cli` when there is none."""
     monkeypatch.setenv("PATH", str(tmp_path))  # no trl-grpo-ext on PATH
-    command = command_name.cli_command()
+    command = error_reports.cli_command()
     beside = Path(sys.executable).parent / "trl-grpo-ext"
     if beside.is_file():
         assert Path(command).resolve() == beside.resolve()

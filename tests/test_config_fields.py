@@ -4,15 +4,19 @@ a `ValueError` naming the field, the value and what is allowed; the edge values 
 
 The expectations below are written out by hand for each field (not derived from the declarations they check)."""
 
+import json
 import math
 import re
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import small_grpo_kwargs
+from tests.conftest import REPO_ROOT, small_grpo_kwargs
 from trl_grpo_ext import GRPOConfig
-from trl_grpo_ext.config import own_fields
+from trl_grpo_ext.config import FEATURE_CONFIGS, TRLGRPOConfig, own_fields
 
 # the nine values, by name
 WRONG = {
@@ -314,3 +318,35 @@ def test_a_temperature_in_generation_kwargs_warns_that_log_probabilities_use_tem
             warnings.simplefilter("always")
             GRPOConfig(**small_grpo_kwargs(tmp_path, generation_kwargs=kwargs))
         assert not [w for w in caught if "generation_kwargs temperature" in str(w.message)], kwargs
+
+
+def test_the_config_bases_are_the_parts_in_reverse_order():
+    """Issue #61: `GRPOConfig` names its bases (for type checkers), and they are each part's fields in reverse
+    `FEATURE_CONFIGS` order, then TRL's config: the order in which dataclasses collect TRL's fields first."""
+    assert GRPOConfig.__bases__ == (*(part.fields for part in reversed(FEATURE_CONFIGS)), TRLGRPOConfig)
+
+
+def test_a_type_checker_reports_a_misspelt_and_a_wrong_typed_field(tmp_path):
+    """Issue #61: a type checker (basedpyright, standard mode) run on a user's script sees every field of
+    `GRPOConfig`: it reports a misspelt field and a string for a float field, and nothing in a correct call."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from trl_grpo_ext import GRPOConfig\n"
+        "\n"
+        'misspelt = GRPOConfig(output_dir="out", policy_group_colum="task")\n'
+        'wrong_type = GRPOConfig(output_dir="out", policy_group_weight_max="two")\n'
+        'fine = GRPOConfig(output_dir="out", policy_group_column="task", policy_group_weight_max=3.0, beta=0.1)\n'
+    )
+    (tmp_path / "pyrightconfig.json").write_text(
+        json.dumps({"extraPaths": [str(REPO_ROOT)], "typeCheckingMode": "standard"})
+    )
+    checker = Path(sys.executable).parent / "basedpyright"
+    done = subprocess.run(
+        [str(checker), "--outputjson", "--pythonpath", sys.executable, str(script)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    report = json.loads(done.stdout)
+    found = [(d["range"]["start"]["line"] + 1, d.get("rule"), d["message"]) for d in report["generalDiagnostics"]]
+    assert [(line, rule) for line, rule, _ in found] == [(3, "reportCallIssue"), (4, "reportArgumentType")], found
+    assert 'No parameter named "policy_group_colum"' in found[0][2]
+    assert '"policy_group_weight_max" of type "float"' in found[1][2]

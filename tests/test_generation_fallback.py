@@ -19,7 +19,7 @@ from torch._dynamo.exc import BackendCompilerFailed
 from tests.conftest import length_reward, small_grpo_kwargs
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.doctor import diagnose
-from trl_grpo_ext.fallback_words import CAUSES
+from trl_grpo_ext.error_reports import CAUSES
 from trl_grpo_ext.generation import lora_merge, static_cache
 from trl_grpo_ext.generation.fallback import fallback_cause
 from trl_grpo_ext.generation.feature import FastGeneration

@@ -7,7 +7,8 @@ import torch
 from transformers import Qwen2Config
 
 from tests.conftest import REPO_ROOT
-from trl_grpo_ext import GRPOConfig, cli, requirements
+from trl_grpo_ext import GRPOConfig, cli
+from trl_grpo_ext.cli import optional_dependencies as dependencies
 from trl_grpo_ext.consumer_gpu import memory, presets
 from trl_grpo_ext.consumer_gpu.memory import GIB
 from trl_grpo_ext.consumer_gpu.presets import MemoryFitWarning
@@ -438,28 +439,28 @@ def test_fit_warning_names_the_largest_terms():
 
 
 def test_missing_optional_package_is_named(monkeypatch, tmp_path):
-    monkeypatch.setattr(requirements, "is_installed", lambda package: False)
-    with pytest.raises(requirements.MissingDependencyError, match=r"use_vllm=True needs .*'vllm'.*: pip install vllm"):
-        requirements.check_optional_dependencies(use_vllm=True)
-    with pytest.raises(requirements.MissingDependencyError, match="DeepSpeed config .*: pip install deepspeed"):
-        requirements.check_optional_dependencies(deepspeed=True)
-    requirements.check_optional_dependencies()  # nothing requested: nothing needed
+    monkeypatch.setattr(dependencies, "is_installed", lambda package: False)
+    with pytest.raises(dependencies.MissingDependencyError, match=r"use_vllm=True needs .*'vllm'.*: pip install vllm"):
+        dependencies.check_optional_dependencies(use_vllm=True)
+    with pytest.raises(dependencies.MissingDependencyError, match="DeepSpeed config .*: pip install deepspeed"):
+        dependencies.check_optional_dependencies(deepspeed=True)
+    dependencies.check_optional_dependencies()  # nothing requested: nothing needed
 
-    assert requirements.deepspeed_requested([], {"ACCELERATE_USE_DEEPSPEED": "true"})  # accelerate launch
-    assert requirements.deepspeed_requested(["--deepspeed", "ds.json"], {})
+    assert dependencies.deepspeed_requested([], {"ACCELERATE_USE_DEEPSPEED": "true"})  # accelerate launch
+    assert dependencies.deepspeed_requested(["--deepspeed", "ds.json"], {})
     yaml = tmp_path / "ds.yaml"
     yaml.write_text("deepspeed: ds_zero2.json\n")
-    assert requirements.deepspeed_requested(["--config", str(yaml)], {})
-    assert not requirements.deepspeed_requested(["--config", str(REPO_ROOT / "recipes/configs/gsm8k-8gb.yaml")], {})
+    assert dependencies.deepspeed_requested(["--config", str(yaml)], {})
+    assert not dependencies.deepspeed_requested(["--config", str(REPO_ROOT / "recipes/configs/gsm8k-8gb.yaml")], {})
 
 
 def test_recipe_refuses_vllm_without_vllm_before_building_a_model(monkeypatch, tmp_path):
     from tests.test_recipes import load_recipe
 
-    monkeypatch.setattr(requirements, "is_installed", lambda package: package != "vllm")
+    monkeypatch.setattr(dependencies, "is_installed", lambda package: package != "vllm")
     recipe = load_recipe("math_gsm8k")
     argv = ["--config", str(REPO_ROOT / "recipes/configs/demo_cpu.yaml"), "--output_dir", str(tmp_path / "out")]
-    with pytest.raises(requirements.MissingDependencyError, match="pip install vllm"):
+    with pytest.raises(dependencies.MissingDependencyError, match="pip install vllm"):
         recipe.main(*recipe.make_parser().parse_args_and_config(argv + ["--use_vllm", "true"]))
     assert not (tmp_path / "out" / "tiny-model").exists()
 

@@ -1,5 +1,5 @@
 """SIGTERM, as a scheduler stops a job (`timeout`, SLURM, Kubernetes), handled like Ctrl-C
-(`trl_grpo_ext.termination`): the recipe saves a checkpoint of the step in progress, prints one line with the command
+(`trl_grpo_ext.resume`): the recipe saves a checkpoint of the step in progress, prints one line with the command
 that resumes, and exits with 143; the resumed run goes on from that step."""
 
 import os

@@ -12,9 +12,7 @@ filters (`cli.errors.quiet_start`) before TRL's imports log anything.
 The library core is this folder's modules and the feature folders (`policy_groups`, `prompt_skip`, `entropy`,
 `grad_reg`, `generation`, `doctor`); the tools are in `cli` (the `trl-grpo-ext` command, its error handling,
 export, the tiny model, optional-dependency checks) and `reporting` (the metrics table and plots); task support
-is in `gsm8k` and the consumer-GPU presets and memory estimate in `consumer_gpu`. The old paths of moved modules
-(`callbacks`, `entry_points`, `export`, `messages`, `dataset_checks`, `requirements`, `tiny_model`) are shims that
-warn once, naming the new path, and re-export it.
+is in `gsm8k` and the consumer-GPU presets and memory estimate in `consumer_gpu`.
 """
 
 import importlib
@@ -22,12 +20,12 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the names for static analysis (type checkers, the docs' griffe); at run time they come lazily
     from .config import GRPOConfig as GRPOConfig
-    from .registration import register as register
-    from .registration import unregister as unregister
+    from .drop_in import register as register
+    from .drop_in import unregister as unregister
     from .trainer import GRPOTrainer as GRPOTrainer
 
 __version__ = "0.1.0"
-_EXPORTS = {"GRPOConfig": "config", "GRPOTrainer": "trainer", "register": "registration", "unregister": "registration"}
+_EXPORTS = {"GRPOConfig": "config", "GRPOTrainer": "trainer", "register": "drop_in", "unregister": "drop_in"}
 __all__ = [*_EXPORTS, "__version__"]
 
 

@@ -13,12 +13,22 @@ from dataclasses import dataclass
 from trl.trainer.grpo_config import GRPOConfig as TRLGRPOConfig  # TRL's class, also after register()
 
 from .doctor.config import RUN_DOCTOR_CONFIG, RunDoctorFields
-from .entropy.config import ENTROPY_REG_CONFIG
-from .generation.config import FAST_GENERATION_CONFIG, check_generation_engine, generation_levers
-from .grad_reg.config import GRAD_REG_CONFIG, check_grad_reg_engine
-from .policy_groups.config import POLICY_GROUP_CONFIG, policy_grouping_requested, stages_requested
-from .prompt_skip.config import PROMPT_SKIP_CONFIG
-from .vllm_lora.config import VLLM_LORA_CONFIG
+from .entropy.config import ENTROPY_REG_CONFIG, EntropyRegFields
+from .generation.config import (
+    FAST_GENERATION_CONFIG,
+    FastGenerationFields,
+    check_generation_engine,
+    generation_levers,
+)
+from .grad_reg.config import GRAD_REG_CONFIG, GradRegFields, check_grad_reg_engine
+from .policy_groups.config import (
+    POLICY_GROUP_CONFIG,
+    PolicyGroupFields,
+    policy_grouping_requested,
+    stages_requested,
+)
+from .prompt_skip.config import PROMPT_SKIP_CONFIG, PromptSkipFields
+from .vllm_lora.config import VLLM_LORA_CONFIG, VLLMLoRAFields
 
 __all__ = ["FEATURE_CONFIGS", "FIELD_MODES", "FIELD_RANGES", "GRPOConfig", "RUN_DOCTOR_CONFIG", "RunDoctorFields",
            "TRLGRPOConfig", "TRL_COUNTS", "generation_levers", "own_fields", "policy_grouping_requested",
@@ -51,9 +61,20 @@ FEATURE_CONFIGS = (
 
 
 # dataclasses collect fields from the last base to the first: TRL's fields first (`GRPOConfig("out")` still sets
-# `output_dir`), then each part's in `FEATURE_CONFIGS` order.
+# `output_dir`), then each part's in `FEATURE_CONFIGS` order. The bases are named, not unpacked from
+# `FEATURE_CONFIGS`, so that type checkers and editors see every field (`tests/test_config_fields.py` checks that
+# they are the parts' fields in reverse order).
 @dataclass
-class GRPOConfig(*(part.fields for part in reversed(FEATURE_CONFIGS)), TRLGRPOConfig):
+class GRPOConfig(
+    RunDoctorFields,
+    VLLMLoRAFields,
+    FastGenerationFields,
+    GradRegFields,
+    EntropyRegFields,
+    PromptSkipFields,
+    PolicyGroupFields,
+    TRLGRPOConfig,
+):
     r"""
     Configuration for [`trl_grpo_ext.GRPOTrainer`]: every field of [`trl.GRPOConfig`] keeps its meaning and default.
 

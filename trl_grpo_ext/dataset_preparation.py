@@ -120,3 +120,25 @@ def with_row_column(dataset, needed_by: str):
     if ROW_COLUMN in dataset.column_names:
         raise ValueError(f"the training dataset already has a column named {ROW_COLUMN!r}, which {needed_by} uses")
     return dataset.add_column(ROW_COLUMN, list(range(len(dataset))))
+
+
+def message_text(completion: object) -> str:
+    """The text of one completion, or "" when there is none.
+
+    Args:
+        completion: a plain string, or a conversational completion: a list of messages (dicts) of which the last
+            one's ``"content"`` is used (a string, or a list of ``{"type": "text", "text": ...}`` parts), or a
+            single message dict. Anything else (None, bytes, a message without ``"content"``) gives "".
+
+    Returns:
+        The completion text; never raises.
+    """
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion:
+        completion = completion[-1]
+    content = completion.get("content") if isinstance(completion, dict) else None
+    if isinstance(content, list):
+        parts = [part.get("text") for part in content if isinstance(part, dict)]
+        content = "".join(part for part in parts if isinstance(part, str))
+    return content if isinstance(content, str) else ""

@@ -8,14 +8,12 @@ a plain call to TRL's method.
 
 import contextlib
 import functools
-import importlib
 import inspect
 import logging
 import math
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from transformers.integrations.neftune import deactivate_neftune
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotate_checkpoints, speed_metrics
@@ -23,12 +21,19 @@ from trl.trainer.utils import get_config_model_id
 
 from .config import GRPOConfig, TRLGRPOConfig, policy_grouping_requested
 from .dataset_preparation import check_dataset_columns, with_row_column
-from .features import FEATURE_CLASSES, Feature, Regroup
+from .doctor.feature import RunDoctor
+from .entropy.feature import EntropyReg
+from .feature_api import FEATURE_CLASSES, Feature, Regroup
 from .generation.checks import multi_turn_problem
-from .policy_groups.feature import check_policy_group_setup
+from .generation.feature import FastGenerationFeature
+from .grad_reg.feature import GradReg
+from .policy_groups.feature import PolicyGroups, check_policy_group_setup
+from .prompt_skip.feature import PromptSkip
 from .resume import (
     EpochSeededSampler,
     RunAlreadyComplete,
+    TerminationHandler,
+    TrainingTerminated,
     checkpoint_problem,
     checkpoint_step,
     last_complete_checkpoint,
@@ -36,19 +41,18 @@ from .resume import (
     save_resume_state,
     write_manifest,
 )
-from .termination import TerminationHandler, TrainingTerminated
 from .trl_contact import GRPOLoopState, TRLContact, output_dir, stop_memory_tracking
-from .vllm_lora.feature import vllm_lora_engine
+from .vllm_lora.feature import VLLMLoRASync, vllm_lora_engine
 
 logger = logging.getLogger(__name__)
 _TRL_INIT = inspect.signature(TRLContact.__init__)  # TRL's GRPOTrainer.__init__: which argument is which
 
-# Each folder of the package with a `feature.py` holds a feature: importing that module defines its `Feature` subclass,
-# which records itself by name (`features.FEATURE_CLASSES`) for `STEP` to name it.
-for _path in sorted(Path(__file__).parent.glob("*/feature.py")):
-    importlib.import_module(f"{__package__}.{_path.parent.name}.feature")
+# The package's features. Defining a `Feature` subclass records it by name (`feature_api.FEATURE_CLASSES`), the name
+# `STEP` uses; a feature of another package is imported by its user before the trainer is built.
+PACKAGE_FEATURES = (PolicyGroups, PromptSkip, EntropyReg, GradReg, FastGenerationFeature, VLLMLoRASync, RunDoctor)
 
-# Which features act at each point of a training step, in this order (`features` says what each point is). Within a
+
+# Which features act at each point of a training step, in this order (`feature_api` says what each point is). Within a
 # point the order matters where one feature reads what another wrote: the policy groups reweight the advantages
 # before entropy regularization marks the scored completions and shifts the advantages inside the loss; the entropy
 # terms are added to the loss after the policy groups and the adaptive KL have measured it.
@@ -359,8 +363,9 @@ class GRPOTrainer(TRLContact):
         one). Returns `TrainOutput(global_step=<the checkpoint's>, training_loss=nan, metrics)`: no step ran, so
         there is no loss, as transformers' `train_loss` covers only the steps of the call.
 
-        SIGTERM during training (a scheduler stopping the job) is handled like Ctrl-C (`termination`): the step in
-        progress finishes, its checkpoint is saved, and `TrainingTerminated` (a `KeyboardInterrupt`) is raised.
+        SIGTERM during training (a scheduler stopping the job) is handled like Ctrl-C (`resume.TerminationHandler`):
+        the step in progress finishes, its checkpoint is saved, and `TrainingTerminated` (a `KeyboardInterrupt`) is
+        raised.
 
         Raises:
             ValueError: `resume_from_checkpoint` names a checkpoint that is incomplete (says which file), or is True

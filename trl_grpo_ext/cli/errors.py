@@ -37,8 +37,8 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from ..error_reports import VERSIONED_PACKAGES, versions, write_traceback  # noqa: F401 - re-exported
 from ..gsm8k.data import DatasetFormatError
-from ..traceback_log import VERSIONED_PACKAGES, versions, write_traceback  # noqa: F401 - re-exported
 from .optional_dependencies import MissingDependencyError
 
 DEBUG_ENV = "TRL_GRPO_EXT_DEBUG"

@@ -1,5 +1,6 @@
-"""Optional packages a run asks for, checked before anything is loaded: vLLM for `use_vllm`, DeepSpeed for a DeepSpeed
-config (TrainingArguments' `deepspeed` field, on the command line or in the YAML, or `ACCELERATE_USE_DEEPSPEED=true`).
+"""Optional packages a run asks for, checked before anything is loaded: vLLM for `use_vllm`, bitsandbytes for
+`load_in_4bit` (the `qlora` extra), DeepSpeed for a DeepSpeed config (TrainingArguments' `deepspeed` field, on the
+command line or in the YAML, or `ACCELERATE_USE_DEEPSPEED=true`).
 
 Without this check, a missing vLLM surfaces only after the model has been loaded, and a missing DeepSpeed as a stack
 trace from inside `TrainingArguments`; here either is one line that says what to install. (`accelerate launch
@@ -11,11 +12,10 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-INSTALL = {"vllm": "pip install vllm", "deepspeed": "pip install deepspeed"}
+from ..error_reports import EXTRAS, MissingDependencyError
 
-
-class MissingDependencyError(ImportError):
-    """A setting needs an optional package that is not installed; the message gives the pip command."""
+INSTALL = {"vllm": "pip install vllm", "deepspeed": "pip install deepspeed",
+           "bitsandbytes": f"pip install 'trl-grpo-ext[{EXTRAS['bitsandbytes'][1]}]'"}  # fmt: skip
 
 
 def is_installed(package: str) -> bool:
@@ -40,13 +40,16 @@ def deepspeed_requested(argv: Sequence[str], environ: Mapping[str, str] | None =
     return False
 
 
-def check_optional_dependencies(*, use_vllm: bool = False, deepspeed: bool = False) -> None:
+def check_optional_dependencies(
+    *, use_vllm: bool = False, deepspeed: bool = False, load_in_4bit: bool = False
+) -> None:
     """Raise before any model or data is loaded when a requested optional package is missing.
 
     Raises:
         MissingDependencyError: naming the setting, the package and the pip command that installs it.
     """
-    wanted = {"vllm": ("use_vllm=True", use_vllm), "deepspeed": ("a DeepSpeed config", deepspeed)}
+    wanted = {"vllm": ("use_vllm=True", use_vllm), "deepspeed": ("a DeepSpeed config", deepspeed),
+              "bitsandbytes": ("load_in_4bit=True (QLoRA)", load_in_4bit)}  # fmt: skip
     for package, (setting, requested) in wanted.items():
         if requested and not is_installed(package):
             raise MissingDependencyError(

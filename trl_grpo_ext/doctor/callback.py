@@ -5,7 +5,7 @@ import time
 
 from transformers import TrainerCallback
 
-from ..command_name import cli_command
+from ..error_reports import cli_command
 from .checks import CHECKS, Diagnosis, Finding, Run, diagnose, generation_accounting
 from .series import Columns, training_rows
 

@@ -3,6 +3,7 @@ finding of the run doctor marked on the panel of its metric."""
 
 import numpy as np
 
+from ..error_reports import needs_extra
 from . import series as S
 from .checks import Diagnosis, Run
 
@@ -33,10 +34,11 @@ def plot_dashboard(rows: list[dict], diagnosis: Diagnosis, path: str, title: str
     generation groups without signal overall and per policy group, the step-time split (generation, scoring,
     the rest: training), the gradient norm, and (with prompt skipping) the completion tokens generated and left out
     since the previous log. Each finding of `diagnosis` is a red dashed line at its step."""
-    import matplotlib
+    with needs_extra("the run doctor's dashboard"):
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
     run = Run(S.training_rows(rows))
     fig, axes = plt.subplots(3, 3, figsize=(15, 10.5))

@@ -9,7 +9,7 @@ Once per optimizer step, next to TRL's `step_time` (and averaged over a logging 
                         log-probabilities, the gathers
 on a CUDA device `memory/peak_reserved_gib` (the process's peak reserved memory so far), `memory/total_gib` and
 `device/bf16_supported` (1 where the card computes in bf16, 0 on one without, a T4), and with fp16 loss scaling
-`loss_scale`, the scale of the step's backward (`features.loss_scaler`; the value at the last step of a logging
+`loss_scale`, the scale of the step's backward (`feature_api.loss_scaler`; the value at the last step of a logging
 window, as `grad_norm` is). Generation for an evaluation is not counted.
 """
 
@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import torch
 
-from ..features import Feature, loss_scaler
+from ..feature_api import Feature, loss_scaler
 from ..trl_contact import log_total, metrics
 from .callback import DoctorCallback
 

@@ -3,7 +3,7 @@ generation-bound steps and the CUDA memory headroom."""
 
 import numpy as np
 
-from ..fallback_words import CAUSES, COMPILE_TROUBLE
+from ..error_reports import CAUSES, COMPILE_TROUBLE
 from . import series as S
 from .checks import Finding, Run, Skip, check, missing, span, too_short
 from .thresholds import value

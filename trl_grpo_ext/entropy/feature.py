@@ -28,7 +28,7 @@ import logging
 
 import torch
 
-from ..features import Feature, Regroup
+from ..feature_api import Feature, Regroup
 from ..trl_contact import (
     buffered_inputs,
     high_entropy_mask,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from trl import GRPOConfig as TRLGRPOConfig
 
-from ..registry import Registry
+from ..feature_api import Registry
 from ..trl_contact import loss_mask
 from . import bonus, covariance
 from .controller import EntropyPI

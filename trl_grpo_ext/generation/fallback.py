@@ -7,7 +7,7 @@ on the GPU. Each can fail there, after the model has downloaded and loaded: no C
 Triton's launcher (slim Docker images, WSL), Triton missing, a card older than Triton supports (before Volta), a
 dynamo error through PEFT's layers, an out-of-memory error in the compiled decode. `FastGenerationFeature`
 (`generation.feature`) then falls back to TRL's generation with one warning built here (`fallback_cause`, the
-words in `trl_grpo_ext.fallback_words`), unless `generation_fallback=False`.
+words in `trl_grpo_ext.error_reports`), unless `generation_fallback=False`.
 
 `RNGState` keeps the random state of every generator a generation draws from, so that the short probe generation
 and a failed attempt leave the run drawing what stock TRL draws. `CompileTrouble` reads torch's counters of the two
@@ -21,8 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..fallback_words import CAUSES
-from ..traceback_log import write_traceback
+from ..error_reports import CAUSES, write_traceback
 
 # (cause, lower-case fragments of an error message in the chain that mean it), tried in this order
 _MESSAGES = (
@@ -79,7 +78,7 @@ def write_fallback_log(output_dir: str, process_index: int, error: BaseException
     """Write the full traceback of the error fast generation fell back on (its first line alone is in the warning:
     a compiler's output, inductor's generated code, are below it) to `<output_dir>/fast_generation_fallback.log`
     (`...log.<process index>` on processes other than the first), with where it happened and the versions
-    (`traceback_log.write_traceback`, as `error.log`). Returns the path, or None when it cannot be written (the run
+    (`error_reports.write_traceback`, as `error.log`). Returns the path, or None when it cannot be written (the run
     goes on)."""
     name = FALLBACK_LOG if process_index == 0 else f"{FALLBACK_LOG}.{process_index}"
     return write_traceback(Path(output_dir) / name, error, [f"fast generation fell back {where}"])

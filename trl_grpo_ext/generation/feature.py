@@ -57,8 +57,8 @@ from contextlib import contextmanager
 import torch
 from accelerate.utils import DistributedType
 
-from ..fallback_words import COMPILE_TROUBLE
-from ..features import Feature
+from ..error_reports import COMPILE_TROUBLE
+from ..feature_api import Feature
 from ..trl_contact import compiles_in_one_graph, drop_repeated_input_grad_hooks, generate_cache_argument, metrics
 from .checks import model_setting_problem
 from .config import generation_levers
@@ -210,7 +210,7 @@ class FastGenerationFeature(Feature):
     Attributes:
         fast: the `FastGeneration`, None until the first generation builds it, and again once fallen back.
         fell_back: None while the fast path is in use; after it failed (with `generation_fallback`), the key of
-            `fallback_words.CAUSES` that says why, and every generation from then on is TRL's.
+            `error_reports.CAUSES` that says why, and every generation from then on is TRL's.
     """
 
     name = "fast_generation"
@@ -220,7 +220,7 @@ class FastGenerationFeature(Feature):
         self.fast: FastGeneration | None = None
         self.fell_back = fell_back
         self._trl_generation_config = None  # TRL's generation settings before `setup`, put back on a fall back
-        self._reported: set[str] = set()  # the kinds of `fallback_words.COMPILE_TROUBLE` warned about so far
+        self._reported: set[str] = set()  # the kinds of `error_reports.COMPILE_TROUBLE` warned about so far
         self._fallback_logged = fell_back is None  # a fall back decided at init is logged at the first generation
         self._release = False  # fell back, and the fast path's memory not yet freed
 
@@ -370,7 +370,7 @@ class FastGenerationFeature(Feature):
         metrics(trainer, "train")[f"fast_generation/fell_back/{cause}"].append(1.0)
 
     def _report_compile_trouble(self, new: CompileTrouble) -> None:
-        """Log what a generation added to torch's counts of `fallback_words.COMPILE_TROUBLE` (`fast_generation/<kind>`,
+        """Log what a generation added to torch's counts of `error_reports.COMPILE_TROUBLE` (`fast_generation/<kind>`,
         read by the run doctor), and warn the first time each kind is seen."""
         for kind, (what, fix) in COMPILE_TROUBLE.items():
             count = getattr(new, kind)

@@ -18,7 +18,7 @@ import torch
 from accelerate.utils import DistributedType, broadcast_object_list
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..features import Feature, loss_scaler
+from ..feature_api import Feature, loss_scaler
 from ..resume import checkpoint_problem
 from ..trl_contact import (
     check_deepspeed_engine,
@@ -54,7 +54,7 @@ class GradReg(Feature):
     optimizers and bitsandbytes' 8-bit ones leave both the parameters and their state (moments, step counts) as they
     were. The learning-rate schedule still advances by one step, and the step still counts in `global_step`.
 
-    fp16 loss scaling (`features.loss_scaler`): an overflow while the loss scale is at least 1 is the scaler's
+    fp16 loss scaling (`feature_api.loss_scaler`): an overflow while the loss scale is at least 1 is the scaler's
     calibration, not divergence: torch's GradScaler skips that optimizer step itself (the schedule does not advance)
     and halves its scale. Such a step is counted in `grad_reg/scaler_overflows`, not as a skipped step, never toward
     `grad_reg_max_skips`, and leaves ZClip's statistics alone. Once the scale is below 1 the gradients overflow

@@ -18,8 +18,8 @@ import math
 
 from accelerate.utils import DistributedType
 
+from ..feature_api import Registry
 from ..launch_engine import deepspeed_launch, fsdp_source
-from ..registry import Registry
 from .clipping import ZClip, adaptive_clip_, agc_applies
 
 GRAD_REG_MODES = Registry("grad_reg")

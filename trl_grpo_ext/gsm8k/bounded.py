@@ -8,9 +8,9 @@ TRL PR #5281; verl PR #5839). Here each answer's whole check (extraction, parsin
 
 * in the main thread, under a ``SIGALRM`` timer (as math-verify's own timeout, but one timer around the whole check,
   math-verify's own disabled);
-* in any other thread, in a worker process (``python -m trl_grpo_ext.gsm8k.answer_worker``, started on first use and
-  kept), killed and restarted when an answer runs out of time. A subprocess, not ``multiprocessing``: that would
-  re-import the user's script (spawn) or fork a process holding CUDA and threads.
+* in any other thread, in a worker process (``python -m trl_grpo_ext.gsm8k.bounded``, `worker_main`, started on
+  first use and kept), killed and restarted when an answer runs out of time. A subprocess, not ``multiprocessing``:
+  that would re-import the user's script (spawn) or fork a process holding CUDA and threads.
 
 An answer given up on counts as wrong (the caller's `default`), and the caller says how many it gave up on.
 """
@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ANSWER_TIMEOUT_S = 5.0  # seconds one answer's check may take, as math-verify's default parse and verify timeouts
-_WORKER_MODULE = "trl_grpo_ext.gsm8k.answer_worker"
+_WORKER_MODULE = "trl_grpo_ext.gsm8k.bounded"
 
 
 class _Expired(BaseException):
@@ -58,7 +58,7 @@ def _run_with_alarm(function: Callable, args: Sequence, default, timeout: float)
 
 
 class _Worker:
-    """One ``answer_worker`` process: JSON lines in (``[name, args]``), JSON lines out (``[result]``)."""
+    """One worker process (`worker_main`): JSON lines in (``[name, args]``), JSON lines out (``[result]``)."""
 
     def __init__(self):
         env = dict(os.environ)
@@ -157,3 +157,25 @@ def run_bounded(function: Callable, calls: Sequence[Sequence], default, timeout:
         outcomes = [_run_with_alarm(function, args, default, timeout) for args in calls]
         return [result for result, _ in outcomes], sum(expired for _, expired in outcomes)
     return _run_in_worker(function.__name__, calls, default, timeout)
+
+
+def worker_main() -> None:
+    """The worker process: ``python -m trl_grpo_ext.gsm8k.bounded``. Reads JSON lines ``[name, args]`` from stdin
+    and answers each with the JSON line ``[rewards.<name>(*args)]`` on stdout, after a first line saying it is ready.
+    Anything else the libraries print goes to stderr, so that stdout holds only replies. The parent kills it when a
+    call runs out of time."""
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    sys.stdout = sys.stderr  # a library's print must not corrupt the replies
+    import logging
+
+    from . import rewards
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # no timeout here: the parent's is the bound
+    replies.write("ready\n")
+    for line in sys.stdin:
+        name, args = json.loads(line)
+        replies.write(json.dumps([rewards.BOUNDED[name](*args)]) + "\n")
+
+
+if __name__ == "__main__":
+    worker_main()

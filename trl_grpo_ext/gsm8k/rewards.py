@@ -45,12 +45,15 @@ from collections.abc import Callable
 from fractions import Fraction
 
 import sympy
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-from math_verify.errors import TimeoutException
 
-from ..completion_text import message_text
+from ..dataset_preparation import message_text
+from ..error_reports import needs_extra
 from . import bounded
 from .bounded import run_bounded
+
+with needs_extra("the GSM8K reward functions (trl_grpo_ext.gsm8k)"):
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+    from math_verify.errors import TimeoutException
 
 logger = logging.getLogger(__name__)
 

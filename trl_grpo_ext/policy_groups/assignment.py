@@ -4,20 +4,21 @@ by which evaluation rows find the group that now holds their key. Pure functions
 
 Representation everywhere: `names: list[str]` (index = group id) and `assignment: np.ndarray` of int64, shape (N,),
 the group id (0..K-1) of each dataset row. Functions return a new `(names, assignment)` and never mutate inputs.
+scikit-learn is imported only by the k-means and TF-IDF functions, when such a grouping runs.
 """
 
 from collections.abc import Callable
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 from datasets import Dataset
-from sklearn.cluster import KMeans
-from sklearn.feature_extraction.text import TfidfVectorizer
 
-from ..completion_text import message_text
-from ..dataset_preparation import ROW_COLUMN
+from ..dataset_preparation import ROW_COLUMN, message_text
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 KMEANS_N_INIT = 10  # k-means++ restarts; the best inertia wins (Arthur & Vassilvitskii, 2007)
 
@@ -83,13 +84,15 @@ def prompt_texts(dataset: Dataset) -> list[str]:
     return texts
 
 
-def tfidf_features(texts: list[str]) -> sp.csr_matrix:
+def tfidf_features(texts: list[str]) -> "sp.csr_matrix":
     """TF-IDF features of `texts`: sparse (N, V) float64, each row L2-normalized (k-means on it ~ cosine distance).
 
     Settings: lowercase; tokens are words of 2+ letters (`[^\\W\\d_]{2,}`: numbers are left out, so problems cluster
     by topic, not by the numbers in them); English stop words removed; sublinear tf (1 + log tf); smooth idf.
     Deterministic: the vocabulary is sorted. Raises ValueError (sklearn's "empty vocabulary") if no text has a word.
     """
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
     vectorizer = TfidfVectorizer(
         lowercase=True, token_pattern=r"(?u)\b[^\W\d_]{2,}\b", stop_words="english", sublinear_tf=True
     )
@@ -170,6 +173,8 @@ def kmeans_assign(features, num_groups: int, seed: int) -> np.ndarray:
         raise ValueError(f"num_policy_groups ({num_groups}) must be between 1 and the number of prompts ({n})")
     if num_groups == 1:
         return np.zeros(n, dtype=np.int64)
+    from sklearn.cluster import KMeans
+
     kmeans = KMeans(n_clusters=num_groups, random_state=seed, n_init=KMEANS_N_INIT, algorithm="lloyd")
     return canonical_labels(kmeans.fit_predict(features))
 
@@ -192,7 +197,7 @@ def checked_assignment(names: list[str], assignment: np.ndarray, features=None) 
 
 def feature_rows(features, rows: np.ndarray):
     """The given rows of dense or sparse `features`."""
-    return features.tocsr()[rows] if sp.issparse(features) else np.asarray(features)[rows]
+    return features.tocsr()[rows] if hasattr(features, "tocsr") else np.asarray(features)[rows]  # scipy sparse
 
 
 def centroid(features, rows: np.ndarray) -> np.ndarray:

@@ -8,7 +8,7 @@ import torch
 from accelerate.utils import gather_object
 
 from ..dataset_preparation import ROW_COLUMN
-from ..features import Feature, Regroup, local_rows, prompts_per_draw, total_rewards
+from ..feature_api import Feature, Regroup, local_rows, prompts_per_draw, total_rewards
 from ..trl_contact import log_total, loss_mask, metrics
 from . import regrouping
 from .advantages import loss_weights, policy_group_advantages
@@ -285,7 +285,7 @@ class PolicyGroups(Feature):
                 return
 
     def regroup_to(self, names: list[str], assignment, reason: str) -> None:
-        """Replace the groups by `names` / `assignment` (N,) and announce the change (`features.Regroup`)."""
+        """Replace the groups by `names` / `assignment` (N,) and announce the change (`feature_api.Regroup`)."""
         old_names, old_assignment = tuple(self.groups.names), self.groups.assignment.clone()
         self.groups.regroup(names, torch.as_tensor(assignment), reason)
         logger.warning("Policy groups: %s -> %s", reason, self.groups.names)

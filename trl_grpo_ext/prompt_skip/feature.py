@@ -31,7 +31,7 @@ prompt is replaced).
 import torch
 
 from ..dataset_preparation import ROW_COLUMN
-from ..features import Feature, local_rows, prompts_per_draw, total_rewards
+from ..feature_api import Feature, local_rows, prompts_per_draw, total_rewards
 from ..trl_contact import log_total, loss_mask, metrics
 from .history import NEVER
 from .normalizer import normalizer_correction

@@ -1,13 +1,18 @@
 """`MetricsTableCallback`: a per-step table of the GRPO metrics on stdout and a PNG plot of them in `output_dir`
-(drawn by `plots`); `HISTORY_NAME` is the log file it writes, which the run doctor reads."""
+(drawn by `plots`; without matplotlib, the `doctor` extra, a warning instead); `HISTORY_NAME` is the log file it
+writes, which the run doctor reads."""
 
 import json
+import logging
 import math
 import os
 
 from transformers import TrainerCallback
 
+from ..error_reports import MissingDependencyError
 from .plots import plot_curves, plot_policy_groups
+
+logger = logging.getLogger(__name__)
 
 # (logged key, column title, format) in the order the table prints them; TRL's GRPOTrainer logs every key.
 COLUMNS = (
@@ -79,10 +84,12 @@ class MetricsTableCallback(TrainerCallback):
         os.makedirs(args.output_dir, exist_ok=True)
         with open(os.path.join(args.output_dir, HISTORY_NAME), "w") as f:
             f.writelines(json.dumps(row) + "\n" for row in self.rows)
-        plot_path = plot_curves(self.rows, os.path.join(args.output_dir, PLOT_NAME))
-        print(f"Saved {plot_path}")
-        if any(key.startswith("policy_groups/") for row in self.rows for key in row):
-            print(f"Saved {plot_policy_groups(self.rows, os.path.join(args.output_dir, GROUPS_PLOT_NAME))}")
+        try:
+            print(f"Saved {plot_curves(self.rows, os.path.join(args.output_dir, PLOT_NAME))}")
+            if any(key.startswith("policy_groups/") for row in self.rows for key in row):
+                print(f"Saved {plot_policy_groups(self.rows, os.path.join(args.output_dir, GROUPS_PLOT_NAME))}")
+        except MissingDependencyError as error:  # a finished run is not failed for want of its plot
+            logger.warning("No plot of the run: %s", error)
 
 
 def _is_training_row(logs: dict) -> bool:

@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 
+from ..error_reports import needs_extra
+
 
 def _series(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps (n,), values (n,)) of the rows that log `key` (None, TRL's value where no reward was valid, is NaN)."""
@@ -140,7 +142,8 @@ def curves_figure(rows: list[dict]):
     it acted: the entropy bonus coefficient (`entropy_reg/coef`) and the share of tokens Clip-Cov/KL-Cov picked, the
     policy group weights, grad_reg's clip threshold with the clipped and skipped steps marked, the adaptive KL
     coefficient, the prompts skipped per step, and fast generation's merge time, fallback and compile trouble."""
-    from matplotlib.figure import Figure
+    with needs_extra("the plots"):
+        from matplotlib.figure import Figure
 
     panels = [panel for panel in FEATURE_PANELS if _draws(panel, rows)]
     rows_of_panels = 1 + math.ceil(len(panels) / 3)
@@ -186,7 +189,8 @@ def curves_figure(rows: list[dict]):
 
 def _draws(panel, rows: list[dict]) -> bool:
     """Whether `panel` has something of this run to draw (drawn on a throwaway axis)."""
-    from matplotlib.figure import Figure
+    with needs_extra("the plots"):
+        from matplotlib.figure import Figure
 
     return panel(Figure().add_subplot(), rows)
 
@@ -240,10 +244,11 @@ def plot_policy_groups(log_history: list[dict], path: str) -> str:
     start where they first appear; merged-away groups stop. With training stages (`policy_groups/stage` logged),
     warm-up is shaded grey and fusion green, each span named at the top (`stage_spans`).
     """
-    import matplotlib
+    with needs_extra("the plots"):
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
     prefix, suffix = "policy_groups/", "/weight"
     names = sorted(

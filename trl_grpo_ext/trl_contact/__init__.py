@@ -17,10 +17,10 @@ trl_grpo_ext; its modules split it by role:
                               `micro_step`, `buffered_inputs`, `output_dir`, `grad_norm`, `save_checkpoint`,
                               `stop_memory_tracking`, `repeat_sampler_fields`, `raised_in_training_loop`, ...)
     `loop_state`              `GRPOLoopState`, the training loop's state that TRL and transformers do not checkpoint
-    `transformers_internals`  what fast generation uses of transformers' internals (`compile_config_all_devices`,
+    `generation_internals`    what fast generation uses of transformers' internals (`compile_config_all_devices`,
                               `compiles_in_one_graph`, `generate_cache_argument`, `drop_repeated_input_grad_hooks`,
-                              `generation_defaults`)
-    `torch_internals`         what it reads of torch's (`compile_counters`: recompile-limit hits, CUDA-graph skips)
+                              `generation_defaults`) and reads of torch's (`compile_counters`: recompile-limit hits,
+                              CUDA-graph skips)
     `deepspeed_internals`     what gradient regularization reads and writes of a DeepSpeed engine (its skipped
                               steps, its clip threshold), checked when the trainer first meets an engine
     `vllm_internals`          what adapter-only LoRA sync uses of TRL's colocated vLLM (the engine's arguments, the
@@ -64,6 +64,14 @@ from .deepspeed_internals import (
     deepspeed_skipped_steps,
     set_deepspeed_clip,
 )
+from .generation_internals import (
+    compile_config_all_devices,
+    compile_counters,
+    compiles_in_one_graph,
+    drop_repeated_input_grad_hooks,
+    generate_cache_argument,
+    generation_defaults,
+)
 from .hooks import TRLContact, hook_name
 from .loop_state import GRPOLoopState
 from .surface import (
@@ -78,14 +86,6 @@ from .surface import (
     WRITTEN_AGAINST,
     TRLCompatibilityError,
     check_contact_surface,
-)
-from .torch_internals import compile_counters
-from .transformers_internals import (
-    compile_config_all_devices,
-    compiles_in_one_graph,
-    drop_repeated_input_grad_hooks,
-    generate_cache_argument,
-    generation_defaults,
 )
 from .vllm_internals import (
     VLLM_INTERNALS,

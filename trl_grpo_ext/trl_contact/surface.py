@@ -18,8 +18,8 @@ from packaging.specifiers import SpecifierSet
 from trl.trainer.grpo_trainer import GRPOTrainer as TRLGRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
+from .generation_internals import _GRAD_HOOK
 from .hooks import TRLContact, hook_name
-from .transformers_internals import _GRAD_HOOK
 from .vllm_internals import missing_vllm_internals
 
 logger = logging.getLogger(__package__)  # "trl_grpo_ext.trl_contact", the logger's name before the split
@@ -78,14 +78,14 @@ PRIVATE_ATTRIBUTES: dict[str, type] = {
 ATTRIBUTE_OWNERS = {TRLGRPOTrainer: "trl 1.16.0 GRPOTrainer", transformers.Trainer: "transformers 5.24.0 Trainer"}
 # transformers internals that the opt-in fast generation (`trl_grpo_ext.generation`) uses, each written against
 # transformers 5.24.0 (and present from 5.18): `compile_config_all_devices`, `compiles_in_one_graph` and
-# `drop_repeated_input_grad_hooks` in `transformers_internals`.
+# `drop_repeated_input_grad_hooks` in `generation_internals`.
 TRANSFORMERS_INTERNALS = (
     "CompileConfig._compile_all_devices",  # compile the decode step off CUDA
     "PreTrainedModel._can_compile_fullgraph",  # whether a model class compiles in one graph
     "PreTrainedModel.enable_input_require_grads registers make_inputs_require_grads",  # the hook found by name
     "GenerationConfig._get_default_generation_params",  # the defaults the GSM8K evaluation sets explicitly
 )
-# torch internals fast generation reads (`torch_internals.compile_counters`), written against torch 2.13
+# torch internals fast generation reads (`generation_internals.compile_counters`), written against torch 2.13
 TORCH_INTERNALS = (
     "torch._dynamo.utils.counters",  # dynamo's and inductor's running counts: recompile-limit hits, CUDA-graph skips
 )

@@ -17,7 +17,7 @@ With `vllm_lora_sync="adapter"`:
 import contextlib
 import tempfile
 
-from ..features import Feature
+from ..feature_api import Feature
 from ..trl_contact import adapter_generation, engine_arguments, vllm_lora_ranks
 from .adapter import AdapterSync, adapter_problem, embedding_lora_problem, lora_config_of, max_lora_rank
 

@@ -1,8 +1,14 @@
-"""The transformers internals the opt-in fast generation (`trl_grpo_ext.generation`) and the GSM8K evaluation use,
-each written against transformers 5.24.0 (and present from 5.18) and checked at import
+"""The transformers and torch internals the opt-in fast generation (`trl_grpo_ext.generation`) and the GSM8K
+evaluation use.
+
+transformers', each written against transformers 5.24.0 (and present from 5.18) and checked at import
 (`surface.TRANSFORMERS_INTERNALS`): the compile config off CUDA, the full-graph flag of a model class, the cache
 keyword of `generate`, the repeated input-grad hooks of gradient checkpointing, and the defaults of every generation
-setting."""
+setting.
+
+torch's (`TORCH_INTERNALS` in `surface`, checked at import): dynamo's counters, where torch records that a compiled
+function hit its recompile limit or ran without its CUDA graph. Neither is an error, and neither has a public API in
+torch 2.13: the counters are how torch's own tests and `torch._dynamo.utils` report them."""
 
 import inspect
 
@@ -86,3 +92,16 @@ def generation_defaults() -> dict:
     from transformers import GenerationConfig
 
     return GenerationConfig._get_default_generation_params()
+
+
+_RECOMPILE_LIMIT = "Dynamo recompile limit exceeded"  # the start of dynamo's graph-break message for a limit hit
+
+
+def compile_counters() -> tuple[int, int]:
+    """(recompile-limit hits, CUDA-graph skips) in this process so far: the `unimplemented` entries of
+    `torch._dynamo.utils.counters` whose message is a recompile-limit hit (one per function given up on), and
+    `counters["inductor"]["cudagraph_skips"]` (one per skipped graph; `torch._inductor.cudagraph_utils`)."""
+    from torch._dynamo.utils import counters
+
+    hits = sum(n for message, n in counters["unimplemented"].items() if message.startswith(_RECOMPILE_LIMIT))
+    return hits, counters["inductor"]["cudagraph_skips"]

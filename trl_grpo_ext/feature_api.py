@@ -1,4 +1,5 @@
-"""The points of a GRPO training step where this package's features act, and the events they exchange.
+"""What a feature is written against: the points of a GRPO training step where this package's features act, the
+events they exchange, and `Registry`, the modes a config field picks by name.
 
 A feature (policy groups, entropy regularization, gradient regularization, fast generation) is an object that the
 trainer builds when the feature's settings are on; it holds the trainer it works for (`self.trainer`). It overrides
@@ -23,8 +24,14 @@ tokens; TRL generates a generation batch once every `steps_per_generation` micro
     clip_gradients     where transformers clips the gradients, once per optimizer step, before `optimizer.step()`
     regroup            event: policy groups changed (merge, split, refinement), announced by the policy groups
     checkpoint         the state saved in every checkpoint and restored on resume (`state()`)
+
+Modes: `Registry` maps a name to a class for the modes a config field picks by name (`entropy_reg`, `grad_reg`), as
+verl's `register_policy_loss` (`verl/trainer/ppo/core_algos.py`) maps a loss name to its function. The config's
+validation, its `--help` text and its docs read the registry, so adding a mode is one registered class plus its config
+fields. A name is registered once (PEFT's `register_peft_method` refuses duplicates the same way).
 """
 
+import textwrap
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -193,3 +200,49 @@ class Feature:
     def state(self):
         """The object (with `state_dict()` / `load_state_dict()`) saved in checkpoints, or None."""
         return None
+
+
+class Registry(dict):
+    """Mode name -> mode class, in registration order.
+
+    Args:
+        field: the config field whose values are names in this registry (for error messages).
+    """
+
+    def __init__(self, field: str):
+        super().__init__()
+        self.field = field
+
+    def register(self, name: str) -> Callable[[type], type]:
+        """Class decorator: register the class under `name` and set its `name` attribute.
+
+        Raises:
+            ValueError: `name` is already registered, or is not a lowercase identifier (it is written in YAML files
+                and on the command line, comma-separated).
+        """
+
+        def add(cls: type) -> type:
+            if not name.isidentifier() or name != name.lower():
+                raise ValueError(f"{self.field} mode names are lowercase identifiers, got {name!r}")
+            if name in self:
+                raise ValueError(f"{self.field} mode {name!r} is already registered ({self[name].__qualname__})")
+            cls.name = name
+            self[name] = cls
+            return cls
+
+        return add
+
+    def unregister(self, name: str) -> None:
+        """Remove `name` (for a test that registered a mode of its own). Raises KeyError if it is not registered."""
+        del self[name]
+
+    def describe(self, indent: str = "", width: int = 119) -> str:
+        """A list item per mode, `- name: summary`, wrapped at `width` columns after `indent`, for docstrings."""
+        items = [f"- `{name}`: {cls.summary}." for name, cls in self.items()]
+        return "\n".join(
+            textwrap.fill(item, width, initial_indent=indent, subsequent_indent=indent + "  ") for item in items
+        )
+
+    def help(self) -> str:
+        """The modes on one line, `name (summary); ...`, for `--help`."""
+        return "; ".join(f"{name} ({cls.summary})" for name, cls in self.items())

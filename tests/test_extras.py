@@ -1,0 +1,92 @@
+"""Issue #61: `pip install trl-grpo-ext` is the trainer and its features; the GSM8K task (math-verify), the plots
+(matplotlib) and QLoRA (bitsandbytes) come with the extras of `pyproject.toml`. Without its package, each use fails
+with one line naming the extra (`error_reports.needs_extra`), and a training run's closing plot is skipped with a
+warning instead of failing a finished run. Each test hides the package as an uninstalled one is (`sys.modules[name] =
+None` makes its import raise `ModuleNotFoundError`), in a fresh process where the import must run again."""
+
+import logging
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import tomllib
+
+from tests.conftest import REPO_ROOT
+from trl_grpo_ext.cli import optional_dependencies
+from trl_grpo_ext.error_reports import EXTRAS, MissingDependencyError, needs_extra
+from trl_grpo_ext.reporting import callbacks
+
+
+def _run_without(module: str, code: str) -> subprocess.CompletedProcess:
+    """`code` run by a fresh Python in which importing `module` fails as it does when it is not installed."""
+    hide = f"import sys; sys.modules[{module!r}] = None\n"
+    return subprocess.run([sys.executable, "-c", hide + code], capture_output=True, text=True, timeout=300,
+                          cwd=REPO_ROOT)  # fmt: skip
+
+
+def test_the_extras_of_pyproject_are_the_ones_the_messages_name():
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    for package, extra in EXTRAS.values():
+        assert extras[extra] == [package]
+        assert package in extras["all"]
+        assert package not in project["dependencies"]  # the core install leaves it out
+
+
+def test_the_gsm8k_rewards_without_math_verify_name_the_extra():
+    done = _run_without(
+        "math_verify",
+        "from trl_grpo_ext.error_reports import MissingDependencyError\n"
+        "try:\n    import trl_grpo_ext.gsm8k.rewards\n"
+        "except MissingDependencyError as error:\n    print(error)\n",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        "the GSM8K reward functions (trl_grpo_ext.gsm8k) needs math-verify, which is not installed: "
+        "pip install 'trl-grpo-ext[gsm8k]'"
+    )
+
+
+def test_the_dashboard_without_matplotlib_names_the_extra():
+    done = _run_without(
+        "matplotlib",
+        "from trl_grpo_ext.doctor.dashboard import plot_dashboard\n"
+        "from trl_grpo_ext.error_reports import MissingDependencyError\n"
+        "try:\n    plot_dashboard([{'step': 1, 'reward': 0.5}], None, 'out.png')\n"
+        "except MissingDependencyError as error:\n    print(error)\n",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("needs matplotlib, which is not installed: pip install 'trl-grpo-ext[doctor]'")
+
+
+def test_a_finished_run_without_matplotlib_keeps_its_log_and_warns(tmp_path, monkeypatch, caplog):
+    def missing(*args, **kwargs):
+        with needs_extra("the plots"):
+            import matplotlib  # noqa: F401
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setattr(callbacks, "plot_curves", missing)
+    callback = callbacks.MetricsTableCallback()
+    args = SimpleNamespace(output_dir=str(tmp_path))
+    state = SimpleNamespace(is_world_process_zero=True, global_step=1)
+    callback.on_log(args, state, None, logs={"reward": 0.5, "reward_std": 0.1, "entropy": 2.0, "step_time": 0.5})
+    with caplog.at_level(logging.WARNING):
+        callback.on_train_end(args, state, None)
+    assert len((tmp_path / callbacks.HISTORY_NAME).read_text().splitlines()) == 1
+    assert not (tmp_path / callbacks.PLOT_NAME).exists()
+    assert "No plot of the run: the plots needs matplotlib" in caplog.text
+    assert "pip install 'trl-grpo-ext[doctor]'" in caplog.text
+
+
+def test_qlora_without_bitsandbytes_is_refused_before_loading(monkeypatch):
+    monkeypatch.setattr(optional_dependencies, "is_installed", lambda package: package != "bitsandbytes")
+    with pytest.raises(MissingDependencyError, match=r"load_in_4bit=True \(QLoRA\) needs the package 'bitsandbytes'"):
+        optional_dependencies.check_optional_dependencies(load_in_4bit=True)
+    optional_dependencies.check_optional_dependencies(use_vllm=False, load_in_4bit=False)
+
+
+def test_an_import_error_of_another_package_passes_unchanged():
+    with pytest.raises(ModuleNotFoundError) as raised, needs_extra("a test"):
+        import trl_grpo_ext_no_such_module  # noqa: F401
+    assert not isinstance(raised.value, MissingDependencyError)
