@@ -61,8 +61,16 @@ def main() -> None:
         start = time.perf_counter()
         rows = torch.randint(0, args.prompts, (args.batch,), generator=generator)
         hopeless = hopeless_base(state.evidence)  # as with prompt_skip_hopeless (its cost included)
-        probability = prompt_keep_probability(state.history, rows, state.base, hopeless, state.best_reward, 3, 0.05,
-                                              groups)  # fmt: skip
+        probability = prompt_keep_probability(
+            state.history,
+            rows,
+            base=state.base,
+            hopeless=hopeless,
+            best=state.best_reward,
+            grace=3,
+            floor=0.05,
+            groups=groups,
+        )
         draws = torch.rand(args.batch, dtype=torch.float64, generator=state.decision_generator())
         kept = keep_for_layout(draws < probability, probability, layout_quantum(args.generations, 1, 1))
         skipped = rows[~kept]

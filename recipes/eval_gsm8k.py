@@ -97,9 +97,17 @@ def main(args: EvalArguments) -> dict:
     chat_template_kwargs = chat_template_kwargs_of(args)
     set_seed(args.seed)
     model, tokenizer = load_model_for_eval(args.model_name_or_path, dtype=args.dtype)
-    results = evaluate_gsm8k(model, tokenizer, dataset, args.max_new_tokens, args.batch_size, maj_k=args.maj_k,
-                             temperature=args.temperature, chat_template_kwargs=chat_template_kwargs,
-                             seed=args.seed)  # fmt: skip
+    results = evaluate_gsm8k(
+        model,
+        tokenizer,
+        dataset,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        maj_k=args.maj_k,
+        temperature=args.temperature,
+        chat_template_kwargs=chat_template_kwargs,
+        seed=args.seed,
+    )
     results["model"] = args.model_name_or_path
     output_file = args.output_file
     if output_file is None:

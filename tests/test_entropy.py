@@ -177,7 +177,9 @@ def test_look_ahead_ignores_a_fall_within_the_entropys_own_noise_but_not_a_stead
     assert band == 2.0
 
     def coefficients(series, band):
-        pi = EntropyPI(None, 0.5, 0.02, (0.0, 1.0), ["all"], horizon=12, ratio=0.15, window=1, band=band)
+        pi = EntropyPI(
+            None, kp=0.5, ki=0.02, bounds=(0.0, 1.0), keys=["all"], horizon=12, ratio=0.15, window=1, band=band
+        )
         return [pi.update({"all": h}) or pi.coef["all"] for h in series]
 
     # band 0, step 5: s = -0.1491, target 0.15*2.194 = 0.3291, Ĥ = 1.860 - 12*0.1491 = 0.0705, so
@@ -186,7 +188,7 @@ def test_look_ahead_ignores_a_fall_within_the_entropys_own_noise_but_not_a_stead
     assert coefficients(noisy, band=1) == coefficients(noisy, band=band) == [0.0] * 5
     # by hand, step 5: the changes -0.230, 0.168, 0.079, -0.351 against the trend before each give v = 0.0955 and
     # s = -0.1491, so sigma_s = sqrt(v/3) = 0.178 and s + sigma_s > 0: no look-ahead even within 1 standard error
-    pi = EntropyPI(None, 0.5, 0.02, (0.0, 1.0), ["all"], horizon=12, ratio=0.15, window=1, band=band)
+    pi = EntropyPI(None, kp=0.5, ki=0.02, bounds=(0.0, 1.0), keys=["all"], horizon=12, ratio=0.15, window=1, band=band)
     for h in noisy:
         pi.update({"all": h})
     assert pi.trend["all"] == pytest.approx(-0.1491, abs=1e-4) and pi.noise["all"] == pytest.approx(0.0955, abs=1e-4)
@@ -199,7 +201,9 @@ def test_look_ahead_ignores_a_fall_within_the_entropys_own_noise_but_not_a_stead
     assert coefficients([2.0 - 0.3 * k for k in range(5)], band=1)[2] == pytest.approx(0.545, abs=1e-3)
     assert coefficients([2.0 - 0.3 * k for k in range(5)], band=0)[1] > 0
     # the band's noise is in the checkpoint state, and a regroup carries it to the new keys
-    other = EntropyPI(None, 0.5, 0.02, (0.0, 1.0), ["all"], horizon=12, ratio=0.15, window=1, band=band)
+    other = EntropyPI(
+        None, kp=0.5, ki=0.02, bounds=(0.0, 1.0), keys=["all"], horizon=12, ratio=0.15, window=1, band=band
+    )
     other.load_state_dict(pi.state_dict())
     assert other.noise == pi.noise
     pi.regroup({"x": {"all": 1}})
@@ -214,13 +218,13 @@ def test_completion_entropy_bonus_and_advantage_shift():
     assert_close(entropy_bonus(entropies, mask, torch.tensor([0.1, 0.2])), torch.tensor(0.56))
     # A + min(tau*H, |A|/kappa): tau*H = [0.5*2, 0.5*4] = [1, 2]
     # kappa 2: [1 + min(1, 0.5), -1 + min(2, 0.5)] = [1.5, -0.5]; kappa 1e-6 (no clip): [1 + 1, -1 + 2] = [2, 1]
-    assert_close(entropy_advantages(torch.tensor([1.0, -1.0]), entropies, mask, 0.5), torch.tensor([1.5, -0.5]))
-    assert_close(entropy_advantages(torch.tensor([4.0, -1.0]), entropies, mask, 0.5, kappa=1.0),
+    assert_close(entropy_advantages(torch.tensor([1.0, -1.0]), entropies, mask, tau=0.5), torch.tensor([1.5, -0.5]))
+    assert_close(entropy_advantages(torch.tensor([4.0, -1.0]), entropies, mask, tau=0.5, kappa=1.0),
                  torch.tensor([5.0, 0.0]))  # min(1, 4) = 1; min(2, 1) = 1: the sign never flips  # fmt: skip
-    unclipped = entropy_advantages(torch.tensor([1.0, -1.0]), entropies, mask, 0.5, kappa=1e-6)
+    unclipped = entropy_advantages(torch.tensor([1.0, -1.0]), entropies, mask, tau=0.5, kappa=1e-6)
     assert_close(unclipped, torch.tensor([2.0, 1.0]), atol=1e-5, rtol=0)
     # (B, T) advantages: |A| per token; the same shift on every token where |A| is the same
-    shifted = entropy_advantages(torch.tensor([[1.0] * 3, [-1.0, -1.0, 0.0]]), entropies, mask, 0.5)
+    shifted = entropy_advantages(torch.tensor([[1.0] * 3, [-1.0, -1.0, 0.0]]), entropies, mask, tau=0.5)
     assert_close(shifted, torch.tensor([[1.5] * 3, [-0.5, -0.5, 0.0]]))
 
 
@@ -231,7 +235,7 @@ def test_an_all_equal_generation_group_keeps_advantage_zero():
     entropies = torch.tensor([[9.0, 9.0], [8.0, 6.0], [1.0, 1.0], [3.0, 1.0]])
     mask = torch.ones(4, 2)
     advantages = torch.tensor([0.0, 0.0, 0.7071, -0.7071])  # groups of 2: all equal, then one right, one wrong
-    shifted = entropy_advantages(advantages, entropies, mask, 0.5)
+    shifted = entropy_advantages(advantages, entropies, mask, tau=0.5)
     # [0, 0, 0.7071 + min(0.5, 0.3536), -0.7071 + min(1.0, 0.3536)]
     assert shifted[:2].tolist() == [0.0, 0.0]
     assert_close(shifted[2:], torch.tensor([1.0607, -0.3536]), atol=1e-4, rtol=0)
@@ -242,11 +246,11 @@ def test_advantage_shift_leaves_unscored_completions_at_zero():
     mask = torch.tensor([[1, 1], [1, 1], [0, 0]])  # the third completion is masked as truncated: no tokens
     scored = torch.tensor([True, False, True])  # every reward function returned None for the second
     # kappa 1e-6 (no clip): [0.5 + 0.5*2, TRL's 0 kept, 0.25 + 0.5*0 (no tokens)]: the unscored one stays exactly 0
-    shifted = entropy_advantages(torch.tensor([0.5, 0.0, 0.25]), entropies, mask, 0.5, scored, kappa=1e-6)
+    shifted = entropy_advantages(torch.tensor([0.5, 0.0, 0.25]), entropies, mask, tau=0.5, scored=scored, kappa=1e-6)
     assert_close(shifted, torch.tensor([1.5, 0.0, 0.25]))
     assert shifted[1] == 0.0
     # without the mark the clip at |A|/kappa keeps it at 0 too (unclipped it got 0.5*3 = 1.5: issue #13.3)
-    assert entropy_advantages(torch.tensor([0.5, 0.0, 0.25]), entropies, mask, 0.5)[1] == 0.0
+    assert entropy_advantages(torch.tensor([0.5, 0.0, 0.25]), entropies, mask, tau=0.5)[1] == 0.0
 
 
 # The masks of one batch by `ratio` (the feature counts per optimizer step: `window_token_count`, then the draw).
@@ -453,8 +457,8 @@ def test_advantage_mode_feeds_trl_the_shifted_advantages(tmp_path, tiny_model_di
     seen = []
     original = entropy_advantages
 
-    def spy(advantages, entropies, mask, tau, scored=None, kappa=2.0):
-        shifted = original(advantages, entropies, mask, tau, scored, kappa)
+    def spy(advantages, entropies, mask, *, tau, scored=None, kappa=2.0):
+        shifted = original(advantages, entropies, mask, tau=tau, scored=scored, kappa=kappa)
         seen.append((advantages.clone(), completion_entropy(entropies.detach(), mask), shifted))
         return shifted
 

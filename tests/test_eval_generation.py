@@ -110,11 +110,17 @@ def test_sampling_is_exactly_the_settings_given(tiny_model_dir, tmp_path):
         texts = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
         return [texts[:3], texts[3:]]
 
-    ours = eval_generation.generate(model, tokenizer, PROMPTS, NEW_TOKENS, 2, 3, 0.7, seed=5)
+    ours = eval_generation.generate(
+        model, tokenizer, PROMPTS, max_new_tokens=NEW_TOKENS, batch_size=2, num_samples=3, temperature=0.7, seed=5
+    )
     assert ours == sampled(temperature=0.7, top_k=0, top_p=1.0, repetition_penalty=1.0)
     assert ours != sampled()  # the checkpoint's temperature 0.1, top-k 3, top-p 0.5, repetition penalty 2.0
-    assert ours != eval_generation.generate(model, tokenizer, PROMPTS, NEW_TOKENS, 2, 3, 0.7, seed=6)  # seeded
-    assert ours == eval_generation.generate(model, tokenizer, PROMPTS, NEW_TOKENS, 2, 3, 0.7, seed=5)
+    assert ours != eval_generation.generate(
+        model, tokenizer, PROMPTS, max_new_tokens=NEW_TOKENS, batch_size=2, num_samples=3, temperature=0.7, seed=6
+    )  # seeded
+    assert ours == eval_generation.generate(
+        model, tokenizer, PROMPTS, max_new_tokens=NEW_TOKENS, batch_size=2, num_samples=3, temperature=0.7, seed=5
+    )
 
 
 def test_every_default_transformers_fills_is_set_and_written_to_the_results(tiny_model_dir, tmp_path):
@@ -168,10 +174,10 @@ def test_shard_batches_by_hand(num_items, batch_size, world, expected):
 
 def test_progress_lines_by_hand():
     # 32 of 200 problems in 41 s: 41 / 32 · 168 = 215.25 s left
-    assert progress_line("E", 32, 200, 41.0) == "E: 32/200 problems, 41s elapsed, about 3m35s left"
-    assert progress_line("E", 0, 200, 0.0) == "E: 0/200 problems, started"
+    assert progress_line("E", 32, 200, elapsed=41.0) == "E: 32/200 problems, 41s elapsed, about 3m35s left"
+    assert progress_line("E", 0, 200, elapsed=0.0) == "E: 0/200 problems, started"
     # process 0's 125 of 250 (500 on 2 processes) in 3725 s: as long again left
-    assert progress_line("E", 125, 250, 3725.0, 2, 500) == (
+    assert progress_line("E", 125, 250, elapsed=3725.0, num_processes=2, all_problems=500) == (
         "E: 125/250 problems on process 0 of 2 (500 in all), 1h02m elapsed, about 1h02m left"
     )
     assert (duration(59.4), duration(60), duration(3599), duration(7200)) == ("59s", "1m00s", "59m59s", "2h00m")
@@ -191,9 +197,13 @@ def test_progress_is_printed_a_batch_by_process_zero_only(tiny_model_dir, capsys
     assert lines[0] == "Evaluation, greedy: 0/3 problems, started" and lines[-1].endswith(" left")
 
     monkeypatch.setattr("accelerate.utils.gather_object", lambda objects: objects)  # one process plays two ranks
-    eval_generation.generate(model, tokenizer, prompts, 2, 1, accelerator=FakeProcess(1, 2), label="E")
+    eval_generation.generate(
+        model, tokenizer, prompts, max_new_tokens=2, batch_size=1, accelerator=FakeProcess(1, 2), label="E"
+    )
     assert capsys.readouterr().out == ""
-    eval_generation.generate(model, tokenizer, prompts, 2, 1, accelerator=FakeProcess(0, 2), label="E")
+    eval_generation.generate(
+        model, tokenizer, prompts, max_new_tokens=2, batch_size=1, accelerator=FakeProcess(0, 2), label="E"
+    )
     assert capsys.readouterr().out.splitlines()[1].startswith("E: 1/2 problems on process 0 of 2 (3 in all), ")
 
 

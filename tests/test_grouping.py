@@ -230,9 +230,9 @@ def test_refine_groups_splits_largest_first_within_budget():
 def test_refine_groups_leaves_tiny_groups_whole_and_checks_parts():
     # 3 rows: min(2, 3 // 2, ...) = 1 < 2 -> left whole
     features = np.array([[0.0], [5.0], [10.0]])
-    assert refine_groups(["t"], np.zeros(3, dtype=np.int64), features, 2, 0, 10)[0] == ["t"]
+    assert refine_groups(["t"], np.zeros(3, dtype=np.int64), features, parts=2, seed=0, max_groups=10)[0] == ["t"]
     with pytest.raises(ValueError, match=r"parts >= 2 \(got 1\)"):
-        refine_groups(["t"], np.zeros(3, dtype=np.int64), features, 1, 0, 10)
+        refine_groups(["t"], np.zeros(3, dtype=np.int64), features, parts=1, seed=0, max_groups=10)
 
 
 def test_merge_small_groups_into_smallest_other_group():

@@ -114,7 +114,9 @@ def test_state_treats_groups_alike_in_warmup_and_keeps_the_rule_out_of_the_weigh
                            policy_group_weight_smoothing=1.0, policy_group_deficit_z=0.0,
                            policy_group_sampling="weighted",
                            policy_group_sampling_floor=0.0)  # fmt: skip
-    state.observe(torch.tensor([0, 1]), torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=D), torch.ones(4), 2, 0.9)
+    state.observe(
+        torch.tensor([0, 1]), torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=D), torch.ones(4), num_generations=2, decay=0.9
+    )
     assert state.maybe_update_weights(1, args)
     assert_close(state.weights, torch.ones(2, dtype=D))  # not applied in warm-up ...
     assert_close(state.window_reward, torch.tensor([1.0, 0.0], dtype=D))  # ... but the window moved on

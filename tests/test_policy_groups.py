@@ -51,15 +51,15 @@ def test_group_means_and_ema():
 def test_progress_weights_by_hand():
     # weights 1,1,1; reward changes 0.3, 0.0, 0.0 -> mean 0.1 -> ΔR = 0.2, -0.1, -0.1; eta 0.5:
     # 1.1, 0.95, 0.95 (sum 3.0, mean 1 already; inside [0.2, 5])
-    w = progress_weights(torch.ones(3, dtype=D), torch.tensor([0.3, 0.0, 0.0], dtype=D), 0.5, 0.2, 5.0,
-                            torch.ones(3, dtype=torch.bool))  # fmt: skip
+    w = progress_weights(torch.ones(3, dtype=D), torch.tensor([0.3, 0.0, 0.0], dtype=D), eta=0.5, w_min=0.2, w_max=5.0,
+                            active=torch.ones(3, dtype=torch.bool))  # fmt: skip
     assert_close(w, torch.tensor([1.1, 0.95, 0.95], dtype=D))
 
 
 def test_deficit_weights_by_hand():
     # rewards 0.2, 0.8 -> mean 0.5 -> factors 1 + 1*(0.3), 1 + 1*(-0.3) = 1.3, 0.7 (mean 1)
-    w = deficit_weights(torch.ones(2, dtype=D), torch.tensor([0.2, 0.8], dtype=D), 1.0, 0.2, 5.0,
-                           torch.ones(2, dtype=torch.bool))  # fmt: skip
+    w = deficit_weights(torch.ones(2, dtype=D), torch.tensor([0.2, 0.8], dtype=D), eta=1.0, w_min=0.2, w_max=5.0,
+                           active=torch.ones(2, dtype=torch.bool))  # fmt: skip
     assert_close(w, torch.tensor([1.3, 0.7], dtype=D))
 
 
@@ -142,11 +142,11 @@ def test_learnability_formulas():
     assert_close(z, torch.tensor([0.4 / math.sqrt(0.0096)], dtype=D))
     # deficits 1, .5, 0, .5 (+0.05) -> 1.05, .55, .05, .55; group 1 looks like noise: x0.2 -> .11; mean .44
     w = learnability_weights(torch.tensor([0.0, 0.5, 1.0, 0.5], dtype=D), torch.tensor([False, True, False, False]),
-                                0.05, 5.0, torch.ones(4, dtype=torch.bool))  # fmt: skip
+                                w_min=0.05, w_max=5.0, active=torch.ones(4, dtype=torch.bool))  # fmt: skip
     assert_close(w, torch.tensor([1.05, 0.11, 0.05, 0.55], dtype=D) / 0.44)
     # all rewards equal: every deficit is 1, weights stay 1
-    w = learnability_weights(torch.full((3,), 0.3, dtype=D), torch.zeros(3, dtype=torch.bool), 0.05, 5.0,
-                                torch.ones(3, dtype=torch.bool))  # fmt: skip
+    w = learnability_weights(torch.full((3,), 0.3, dtype=D), torch.zeros(3, dtype=torch.bool), w_min=0.05, w_max=5.0,
+                                active=torch.ones(3, dtype=torch.bool))  # fmt: skip
     assert_close(w, torch.ones(3, dtype=D))
     # 6 of 8 prompts with zero std -> f = (0.25*8 + 1) / 10 = 0.3 -> h = 0.3 / 0.35; unseen -> f = 1/2
     h = informative_share(torch.tensor([0.75, 0.0], dtype=D), torch.tensor([8.0, 0.0], dtype=D))
@@ -165,19 +165,33 @@ def test_progress_statistics_start_recent_and_their_weights():
     # one group, one prompt, 4 completions a batch, half-life 8 completions
     state = PolicyGroupState(["a"], torch.tensor([0]), seed=0)
     lengths = torch.ones(4, dtype=torch.long)
-    state.observe(torch.tensor([0]), torch.tensor([0.0, 0.0, 0.0, 1.0]), lengths, 4, 0.5, 8.0)
+    state.observe(
+        torch.tensor([0]),
+        torch.tensor([0.0, 0.0, 0.0, 1.0]),
+        lengths,
+        num_generations=4,
+        decay=0.5,
+        progress_halflife=8.0,
+    )
     # first batch sets both: start 0.25 over 4 completions, recent 0.25 with sum of squared weights 4 * (1/4)^2
     assert_close(state.ema["progress_start"], torch.tensor([0.25], dtype=D))
     assert_close(state.ema["progress_recent"], torch.tensor([0.25], dtype=D))
     assert_close(state.progress_moments, torch.tensor([[0.25], [4.0]], dtype=D))
-    state.observe(torch.tensor([0]), torch.tensor([1.0, 1.0, 0.0, 1.0]), lengths, 4, 0.5, 8.0)
+    state.observe(
+        torch.tensor([0]),
+        torch.tensor([1.0, 1.0, 0.0, 1.0]),
+        lengths,
+        num_generations=4,
+        decay=0.5,
+        progress_halflife=8.0,
+    )
     # start: running mean of 8 completions (0.25 + 0.75) / 2 = 0.5; recent: k = 1 - 2^(-4/8) = 0.29289
     k = 1 - 0.5**0.5
     assert_close(state.ema["progress_start"], torch.tensor([0.5], dtype=D))
     assert_close(state.ema["progress_recent"], torch.tensor([0.25 + k * 0.5], dtype=D))
     assert_close(state.ema["progress_second"], torch.tensor([0.25 + k * 0.5], dtype=D))  # 0/1 rewards: r^2 = r
     assert_close(state.progress_moments, torch.tensor([[(1 - k) ** 2 * 0.25 + k**2 / 4], [8.0]], dtype=D))
-    state.observe(torch.tensor([0]), torch.ones(4), lengths, 4, 0.5, 8.0)
+    state.observe(torch.tensor([0]), torch.ones(4), lengths, num_generations=4, decay=0.5, progress_halflife=8.0)
     assert_close(state.ema["progress_start"], torch.tensor([0.5], dtype=D))  # frozen after 8 completions
     assert state.progress_moments[1].item() == 8.0
 
@@ -193,11 +207,22 @@ def test_smoothed_weights_move_part_of_the_way_to_the_rules():
 
     # a group that always fails and one that always succeeds: the rule gives the failing one all the deficit
     state = PolicyGroupState(["fails", "solved"], torch.arange(2), seed=0)
-    rule = learnability_weights(torch.tensor([0.0, 1.0], dtype=D), torch.zeros(2, dtype=torch.bool), 0.05, 5.0,
-                                torch.ones(2, dtype=torch.bool))  # fmt: skip
+    rule = learnability_weights(
+        torch.tensor([0.0, 1.0], dtype=D),
+        torch.zeros(2, dtype=torch.bool),
+        w_min=0.05,
+        w_max=5.0,
+        active=torch.ones(2, dtype=torch.bool),
+    )
     expected = torch.ones(2, dtype=D)
     for step in range(3):
-        state.observe(torch.arange(2), torch.tensor([0.0] * 4 + [1.0] * 4), torch.ones(8, dtype=torch.long), 4, 0.9)
+        state.observe(
+            torch.arange(2),
+            torch.tensor([0.0] * 4 + [1.0] * 4),
+            torch.ones(8, dtype=torch.long),
+            num_generations=4,
+            decay=0.9,
+        )
         state.maybe_update_weights(step, Smoothed())
         expected = 0.5 * expected + 0.5 * rule  # mean 1 already: renormalising leaves it
         assert_close(state.weights, expected)
@@ -208,14 +233,14 @@ def test_deficit_floor_keeps_groups_within_noise_near_equal():
     active = torch.ones(3, dtype=torch.bool)
     alike, noise_like = torch.tensor([0.50, 0.52, 0.51], dtype=D), torch.zeros(3, dtype=torch.bool)
     # over the range 0.02 alone: deficits 1, 0, 0.5 -> alpha 1.05, 0.05, 0.55 -> x 3 / 1.65
-    assert_close(learnability_weights(alike, noise_like, 0.05, 5.0, active),
+    assert_close(learnability_weights(alike, noise_like, w_min=0.05, w_max=5.0, active=active),
                  torch.tensor([1.05, 0.05, 0.55], dtype=D) * 3 / 1.65)  # fmt: skip
     # over the floor 0.1: deficits 1, 0.8, 0.9 -> alpha 1.05, 0.85, 0.95 -> x 3 / 2.85
-    assert_close(learnability_weights(alike, noise_like, 0.05, 5.0, active, 0.1),
+    assert_close(learnability_weights(alike, noise_like, w_min=0.05, w_max=5.0, active=active, spread_floor=0.1),
                  torch.tensor([1.05, 0.85, 0.95], dtype=D) * 3 / 2.85)  # fmt: skip
     apart = torch.tensor([0.0, 1.0, 0.5], dtype=D)  # a spread above the floor: the rule unchanged
-    assert_close(learnability_weights(apart, noise_like, 0.05, 5.0, active, 0.1),
-                 learnability_weights(apart, noise_like, 0.05, 5.0, active))  # fmt: skip
+    assert_close(learnability_weights(apart, noise_like, w_min=0.05, w_max=5.0, active=active, spread_floor=0.1),
+                 learnability_weights(apart, noise_like, w_min=0.05, w_max=5.0, active=active))  # fmt: skip
 
 
 def test_deficit_floor_from_the_groups_standard_errors():
@@ -224,7 +249,9 @@ def test_deficit_floor_from_the_groups_standard_errors():
     difference's standard error is √(2 · 2/9 · 1/4) = 1/3 and z = 2 puts the floor at 2/3, above the 0.5 spread."""
     state = PolicyGroupState(["low", "high"], torch.arange(2), seed=0)
     rewards = torch.tensor([0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
-    state.observe(torch.arange(2), rewards, torch.ones(8, dtype=torch.long), 4, 0.9, 8.0)
+    state.observe(
+        torch.arange(2), rewards, torch.ones(8, dtype=torch.long), num_generations=4, decay=0.9, progress_halflife=8.0
+    )
     assert state.spread_standard_error(state.ema["reward"], torch.ones(2, dtype=torch.bool)) == pytest.approx(1 / 3)
 
     class Floored(LearnabilityArgs):
@@ -245,14 +272,14 @@ def test_learnability_tells_a_coin_flip_from_a_learnable_group():
     for step in range(12):
         learns = [0.0, 0.0, 0.0, 0.0] if step < 3 else [1.0, 1.0, 1.0, 0.0]
         rewards = torch.tensor([0.0, 1.0, 0.0, 1.0, *learns, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0 * (step % 4 == 0)])
-        state.observe(torch.arange(4), rewards, lengths, 4, 0.9, 8.0)
+        state.observe(torch.arange(4), rewards, lengths, num_generations=4, decay=0.9, progress_halflife=8.0)
         state.maybe_update_weights(step, LearnabilityArgs())
     assert state.noise_like(LearnabilityArgs()).tolist() == [True, False, False, False]
     z = state._progress_z()
     assert z[0] < 1 and z[1] > PROGRESS_Z and z[3] < PROGRESS_Z, z
     reward = state.ema["reward"]
-    expected = learnability_weights(reward, torch.tensor([True, False, False, False]), 0.05, 5.0,
-                                       torch.ones(4, dtype=torch.bool))  # fmt: skip
+    expected = learnability_weights(reward, torch.tensor([True, False, False, False]), w_min=0.05, w_max=5.0,
+                                       active=torch.ones(4, dtype=torch.bool))  # fmt: skip
     assert_close(state.weights, expected)
     # the coin (reward 0.5, deficit about 0.5) weighs less than the hopeless group's 1.05 / 0.2 times its own
     assert state.weights[0] < 0.2 * state.weights[2]
@@ -298,14 +325,26 @@ def test_draws_are_seeded_and_cover_a_group_before_repeating():
 def test_observe_weights_and_state_round_trip():
     # 2 groups, 1 prompt each, 2 generations: group a rewards 1, 1; group b rewards 0, 1
     state = PolicyGroupState(["a", "b"], torch.tensor([0, 1]), seed=0)
-    state.observe(torch.tensor([0, 1]), torch.tensor([1.0, 1.0, 0.0, 1.0]), torch.tensor([4, 6, 8, 2]), 2, 0.5)
+    state.observe(
+        torch.tensor([0, 1]),
+        torch.tensor([1.0, 1.0, 0.0, 1.0]),
+        torch.tensor([4, 6, 8, 2]),
+        num_generations=2,
+        decay=0.5,
+    )
     assert_close(state.ema["reward"], torch.tensor([1.0, 0.5], dtype=D))
     assert_close(state.ema["zero_std_frac"], torch.tensor([1.0, 0.0], dtype=D))
     assert_close(state.ema["length"], torch.tensor([5.0, 5.0], dtype=D))
     assert state.binary and state.maybe_update_weights(1, Args())  # first window: no change yet -> weights 1
     assert_close(state.weights, torch.ones(2, dtype=D))
     # next batch: a 1,1 (EMA stays 1, change 0), b 1,1 (EMA 0.5*0.5 + 0.5*1 = 0.75, change 0.25)
-    state.observe(torch.tensor([0, 1]), torch.tensor([1.0, 1.0, 1.0, 1.0]), torch.tensor([1, 1, 1, 1]), 2, 0.5)
+    state.observe(
+        torch.tensor([0, 1]),
+        torch.tensor([1.0, 1.0, 1.0, 1.0]),
+        torch.tensor([1, 1, 1, 1]),
+        num_generations=2,
+        decay=0.5,
+    )
     state.maybe_update_weights(2, Args())
     # ΔR = 0 - 0.125, 0.25 - 0.125 -> factors 0.875, 1.125 (eta 1), mean 1
     assert_close(state.weights, torch.tensor([0.875, 1.125], dtype=D))
@@ -318,7 +357,13 @@ def test_observe_weights_and_state_round_trip():
 def test_state_checkpoint_holds_its_schema_and_a_missing_field_loads_with_its_stated_default():
     # 2 groups (a: rows 0, 2; b: row 1), 2 generations: a's prompts 1,1 and 0,0; b's 0,1
     state = PolicyGroupState(["a", "b"], torch.tensor([0, 1, 0]), seed=0)
-    state.observe(torch.tensor([0, 1, 2]), torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0]), torch.ones(6), 2, 0.5)
+    state.observe(
+        torch.tensor([0, 1, 2]),
+        torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0]),
+        torch.ones(6),
+        num_generations=2,
+        decay=0.5,
+    )
     state.refined = True
     saved = torch.load(_save(state.state_dict()), weights_only=True)
     assert tuple(saved) == CHECKPOINT_FIELDS  # exactly the schema, in its order
@@ -373,7 +418,9 @@ def _save(obj):
 
 def test_regroup_children_inherit_parent_statistics_and_weight():
     state = PolicyGroupState(["a", "b"], torch.tensor([0, 0, 1, 1]), seed=0)
-    state.observe(torch.tensor([0, 2]), torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.ones(4), 2, 0.0)
+    state.observe(
+        torch.tensor([0, 2]), torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.ones(4), num_generations=2, decay=0.0
+    )
     state.weights = torch.tensor([1.5, 0.5], dtype=D)
     state.regroup(["a/lo", "b", "a/hi"], torch.tensor([0, 2, 1, 1]), "split a")  # split a into rows 0 | 1
     assert_close(state.ema["reward"], torch.tensor([1.0, 0.0, 1.0], dtype=D))
@@ -389,12 +436,18 @@ def test_counts_stay_whole_draws_of_the_rows_a_group_holds_after_a_split_and_a_m
     """`policy_groups/<g>/count` counts draws per dataset row: a split child counts exactly its own rows' draws (the
     statistic `prompts_seen` is apportioned, 0.5 and 0.5 here; a logged count is never a fraction)."""
     state = PolicyGroupState(["a", "b"], torch.tensor([0, 0, 1, 1]), seed=0)
-    state.observe(torch.tensor([0, 2, 0]), torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0]), torch.ones(6), 2, 0.0)
+    state.observe(
+        torch.tensor([0, 2, 0]),
+        torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0]),
+        torch.ones(6),
+        num_generations=2,
+        decay=0.0,
+    )
     state.regroup(["a/lo", "b", "a/hi"], torch.tensor([0, 2, 1, 1]), "split a")  # row 0 was drawn twice, row 1 never
     counts = state.totals()
     assert [counts[f"policy_groups/{g}/count"] for g in ("a/lo", "a/hi", "b")] == [2.0, 0.0, 1.0]
     assert_close(state.prompts_seen, torch.tensor([1.0, 1.0, 1.0], dtype=D))  # a's 2 draws apportioned 1 | 1
-    state.observe(torch.tensor([1]), torch.tensor([1.0, 0.0]), torch.ones(2), 2, 0.0)
+    state.observe(torch.tensor([1]), torch.tensor([1.0, 0.0]), torch.ones(2), num_generations=2, decay=0.0)
     state.regroup(["a", "b"], torch.tensor([0, 0, 1, 1]), "merge a/lo, a/hi")
     counts = state.totals()
     assert [counts["policy_groups/a/count"], counts["policy_groups/b/count"]] == [3.0, 1.0]
@@ -403,7 +456,7 @@ def test_counts_stay_whole_draws_of_the_rows_a_group_holds_after_a_split_and_a_m
 def test_split_children_start_from_their_own_success_rates():
     # group a: rows 0-3 succeeded (1), rows 4-7 failed (0): its EMA reward is 0.5; the children start at 1 and 0
     state = PolicyGroupState(["a"], torch.zeros(8, dtype=torch.long), seed=0)
-    state.observe(torch.arange(8), torch.tensor([1.0] * 8 + [0.0] * 8), torch.ones(16), 2, 0.0)
+    state.observe(torch.arange(8), torch.tensor([1.0] * 8 + [0.0] * 8), torch.ones(16), num_generations=2, decay=0.0)
     state.regroup(["a/lo", "a/hi"], torch.tensor([1, 1, 1, 1, 0, 0, 0, 0]), "split a")
     assert_close(state.ema["reward"], torch.tensor([0.0, 1.0], dtype=D))
 

@@ -130,10 +130,10 @@ def test_evidence_counts_each_kind_of_visit_and_forgets_geometrically():
 def test_a_failing_prompt_never_informative_keeps_with_the_measured_base_when_hopeless_ones_are_skipped():
     streak, value = torch.tensor([2, 2, 3, 2, 4, 0]), torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, NAN])
     informed = torch.tensor([True, False, False, True, True, True])
-    keep = streak_keep(streak, value, informed, best=1.0, base=0.5, hopeless=0.2, grace=3, floor=0.001)
+    keep = streak_keep(streak, value, informed=informed, best=1.0, base=0.5, hopeless=0.2, grace=3, floor=0.001)
     # solved: 0.5^2; never informative: 0.2^2, 0.2^3; once informative: 0.5^max(2-3, 0), 0.5^(4-3); informative: 1
     assert_close(keep, torch.tensor([0.25, 0.04, 0.008, 1.0, 0.5, 1.0], dtype=torch.float64))
-    off = streak_keep(streak, value, informed, best=1.0, base=0.5, hopeless=None, grace=3, floor=0.001)
+    off = streak_keep(streak, value, informed=informed, best=1.0, base=0.5, hopeless=None, grace=3, floor=0.001)
     # off: every failing prompt gets the grace: 0.5^0, 0.5^0, 0.5^1 for the never-informative ones too
     assert_close(off, torch.tensor([0.25, 1.0, 1.0, 1.0, 0.5, 1.0], dtype=torch.float64))
 
@@ -180,10 +180,10 @@ def test_a_policy_group_never_informative_is_skipped_on_the_whole_groups_evidenc
     assignment = torch.tensor([0, 0, 0, 1, 1, 1, 2])
     visits = torch.tensor([3, 2, 0, 1, 0, 0, 0])  # group 0: 5 uninformative failing visits; group 1: 1
     informed = torch.tensor([False, False, False, False, True, False, False])  # group 1 had an informative one
-    keep = failing_group_keep(assignment, visits, informed, groups=3, floor=0.05, least=0.1)
+    keep = failing_group_keep(assignment, visits, informed=informed, groups=3, floor=0.05, least=0.1)
     assert_close(keep, torch.tensor([0.9**5, 1.0, 1.0], dtype=torch.float64))  # group 2: nothing seen yet
     many = failing_group_keep(
-        assignment, torch.tensor([40, 0, 0, 0, 0, 0, 0]), informed, groups=3, floor=0.05, least=0.1
+        assignment, torch.tensor([40, 0, 0, 0, 0, 0, 0]), informed=informed, groups=3, floor=0.05, least=0.1
     )
     assert many[0] == 0.05  # 0.9^40 = 0.015: the floor
 

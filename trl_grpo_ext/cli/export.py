@@ -228,6 +228,7 @@ def _first_with(folders: list[Path], filename: str) -> Path | None:
 def export_merged(
     run_dir: str | Path,
     out_dir: str | Path,
+    *,
     dtype: str = "auto",
     base_model: str | None = None,
     force: bool = False,

@@ -24,7 +24,7 @@ def entropy_bonus(entropies: torch.Tensor, mask: torch.Tensor, coef: torch.Tenso
     return (coef[:, None].to(entropies.dtype) * entropies * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def entropy_advantages(advantages: torch.Tensor, entropies: torch.Tensor, mask: torch.Tensor, tau: float,
+def entropy_advantages(advantages: torch.Tensor, entropies: torch.Tensor, mask: torch.Tensor, *, tau: float,
                        scored: torch.Tensor | None = None, kappa: float = 2.0):  # fmt: skip
     """A + min(τ·H_i, |A|/κ), H_i the completion's mean token entropy, detached: the entropy-based advantage of Cheng
     et al. 2025 ("Reasoning with Exploration: An Entropy Perspective", arXiv:2506.14758, eq. 5: ψ(H) =

@@ -48,6 +48,7 @@ class EntropyPI:
     def __init__(
         self,
         target: float | None,
+        *,
         kp: float,
         ki: float,
         bounds: tuple[float, float],

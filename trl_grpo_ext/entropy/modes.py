@@ -131,9 +131,16 @@ class TargetEntropy(EntropyMode):
         bounds = (args.entropy_coef_min, args.entropy_coef_max)
         relative = args.entropy_target_ratio is not None
         self.controller = EntropyPI(
-            None if relative else args.entropy_target, args.entropy_pi_kp, args.entropy_pi_ki, bounds, keys,
-            args.entropy_pi_horizon, args.entropy_target_ratio, args.entropy_target_window, args.entropy_pi_noise_band,
-        )  # fmt: skip
+            None if relative else args.entropy_target,
+            kp=args.entropy_pi_kp,
+            ki=args.entropy_pi_ki,
+            bounds=bounds,
+            keys=keys,
+            horizon=args.entropy_pi_horizon,
+            ratio=args.entropy_target_ratio,
+            window=args.entropy_target_window,
+            band=args.entropy_pi_noise_band,
+        )
         self._window = None  # (keys, (K, 2) [entropy sum, token count] per key) over the accumulation window
 
     @classmethod
@@ -352,8 +359,14 @@ class EntropyAdvantage(EntropyMode):
 
     def shift_advantages(self, batch, entropies, mask) -> torch.Tensor:
         scored = self.feature.scored(batch)
-        return bonus.entropy_advantages(batch["advantages"], entropies, mask, self.args.entropy_advantage_coef, scored,
-                                        self.args.entropy_advantage_kappa)  # fmt: skip
+        return bonus.entropy_advantages(
+            batch["advantages"],
+            entropies,
+            mask,
+            tau=self.args.entropy_advantage_coef,
+            scored=scored,
+            kappa=self.args.entropy_advantage_kappa,
+        )
 
 
 def check_config(args) -> None:

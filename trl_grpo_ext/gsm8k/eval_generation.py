@@ -119,7 +119,9 @@ def duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def progress_line(label: str, done: int, total: int, elapsed: float, num_processes: int = 1, all_problems=None) -> str:
+def progress_line(
+    label: str, done: int, total: int, *, elapsed: float, num_processes: int = 1, all_problems=None
+) -> str:
     """One progress line: `done` of `total` problems (with several processes: of process 0's share, `all_problems`
     in all), the time `elapsed` and the time left at the rate so far, e.g.
     "Evaluation, greedy: 32/200 problems, 41s elapsed, about 3m35s left"; "started" before the first batch."""
@@ -135,12 +137,12 @@ def generate(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     prompts: list[list[dict]],
+    *,
     max_new_tokens: int = 512,
     batch_size: int = 16,
     num_samples: int = 1,
     temperature: float = 0.0,
     chat_template_kwargs: dict | None = None,
-    *,
     seed: int = 0,
     accelerator=None,
     label: str | None = None,
@@ -169,7 +171,7 @@ def generate(
     completions: dict[int, list[list[str]]] = {}  # first prompt of a batch -> its prompts' completions
     show = label is not None and rank == 0
     if show:
-        print(progress_line(label, 0, share, 0.0, world, len(texts)), flush=True)
+        print(progress_line(label, 0, share, elapsed=0.0, num_processes=world, all_problems=len(texts)), flush=True)
     with checkpoint_settings_hidden(model):
         for start, stop, keep in batches:
             batch = tokenizer(texts[start:stop], return_tensors="pt", padding=True, add_special_tokens=False)
@@ -183,7 +185,12 @@ def generate(
                 done += stop - start
                 if show:
                     elapsed = time.perf_counter() - started
-                    print(progress_line(label, done, share, elapsed, world, len(texts)), flush=True)
+                    print(
+                        progress_line(
+                            label, done, share, elapsed=elapsed, num_processes=world, all_problems=len(texts)
+                        ),
+                        flush=True,
+                    )
     if world > 1:
         from accelerate.utils import gather_object
 

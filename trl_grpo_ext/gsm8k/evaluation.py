@@ -112,12 +112,12 @@ def evaluate_gsm8k(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     dataset,
+    *,
     max_new_tokens: int = 512,
     batch_size: int = 16,
     maj_k: int = 0,
     temperature: float = 0.7,
     chat_template_kwargs: dict | None = None,
-    *,
     seed: int = 0,
     accelerator=None,
     progress: bool = True,
@@ -152,9 +152,19 @@ def evaluate_gsm8k(
     prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
     n = max(len(prompts), 1)
     shared = dict(seed=seed, accelerator=accelerator)
-    greedy = [texts[0] for texts in generate(model, tokenizer, prompts, max_new_tokens, batch_size,
-                                             chat_template_kwargs=chat_template_kwargs,
-                                             label="Evaluation, greedy" if progress else None, **shared)]  # fmt: skip
+    greedy = [
+        texts[0]
+        for texts in generate(
+            model,
+            tokenizer,
+            prompts,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            chat_template_kwargs=chat_template_kwargs,
+            label="Evaluation, greedy" if progress else None,
+            **shared,
+        )
+    ]
     questions = [question_of(prompt) for prompt in prompts]
     records = [greedy_record(*row) for row in zip(questions, answers, greedy, strict=True)]
     results = {
@@ -167,8 +177,18 @@ def evaluate_gsm8k(
     }
     if maj_k > 1:
         label = f"Evaluation, maj@{maj_k}" if progress else None
-        sampled = generate(model, tokenizer, prompts, max_new_tokens, batch_size, maj_k, temperature,
-                           chat_template_kwargs, label=label, **shared)  # fmt: skip
+        sampled = generate(
+            model,
+            tokenizer,
+            prompts,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            num_samples=maj_k,
+            temperature=temperature,
+            chat_template_kwargs=chat_template_kwargs,
+            label=label,
+            **shared,
+        )
         for record, texts in zip(records, sampled, strict=True):
             record[f"maj@{maj_k}"] = vote_record(record["answer"], texts)
         results[f"maj@{maj_k}"] = sum(record[f"maj@{maj_k}"]["correct"] for record in records) / n

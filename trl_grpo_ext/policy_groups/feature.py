@@ -175,8 +175,8 @@ class PolicyGroups(Feature):
         # (`mask_truncated_completions`) has none and is left out of the statistics, as out of TRL's loss
         lengths = trainer.accelerator.gather(loss_mask(output).sum(dim=1)).cpu().double()
         lengths[lengths == 0] = torch.nan
-        state.observe(rows[:: trainer.num_generations], rewards, lengths, trainer.num_generations,
-                      args.policy_group_ema, args.policy_group_progress_halflife)  # fmt: skip
+        state.observe(rows[:: trainer.num_generations], rewards, lengths, num_generations=trainer.num_generations,
+                      decay=args.policy_group_ema, progress_halflife=args.policy_group_progress_halflife)  # fmt: skip
         step = trainer.state.global_step
         self.advance_stage(step, rewards)
         state.maybe_update_weights(step, args)
@@ -258,8 +258,8 @@ class PolicyGroups(Feature):
             state.refined = True
             features = self._features(args.policy_group_features or "tfidf")
             names, assignment = regrouping.refine_groups(
-                state.names, state.assignment.numpy(), features, args.policy_group_refine_parts, args.seed,
-                args.max_policy_groups,
+                state.names, state.assignment.numpy(), features, parts=args.policy_group_refine_parts, seed=args.seed,
+                max_groups=args.max_policy_groups,
             )  # fmt: skip
             self.regroup_to(names, assignment, f"step {step}: refined {state.num_groups} groups into {len(names)}")
         regroup_steps = args.policy_group_regroup_steps

@@ -15,7 +15,7 @@ from .assignment import centroid, checked_assignment, feature_rows, kmeans_assig
 
 
 def refine_groups(
-    names: list[str], assignment: np.ndarray, features, parts: int, seed: int, max_groups: int
+    names: list[str], assignment: np.ndarray, features, *, parts: int, seed: int, max_groups: int
 ) -> tuple[list[str], np.ndarray]:
     """Coarse to fine: split policy groups into up to `parts` k-means sub-clusters of their rows' `features`.
 

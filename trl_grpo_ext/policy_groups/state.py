@@ -110,7 +110,7 @@ class PolicyGroupState:
 
     # ----- statistics -----------------------------------------------------------------------------------------
 
-    def observe(self, rows: torch.Tensor, rewards: torch.Tensor, lengths: torch.Tensor, num_generations: int,
+    def observe(self, rows: torch.Tensor, rewards: torch.Tensor, lengths: torch.Tensor, *, num_generations: int,
                 decay: float, progress_halflife: float = 48.0) -> None:  # fmt: skip
         """Fold one gathered generation batch in: `rows` (P,) dataset rows, `rewards` and `lengths` (N,) per
         completion, prompt by prompt. NaN rewards are left out and counted in `nan_rewards`. `decay` is the per-batch
@@ -183,12 +183,18 @@ class PolicyGroupState:
             if learnability:
                 z = args.policy_group_deficit_z
                 floor = z * self.spread_standard_error(reward, active) if z > 0 else 0.0
-                self.weights = weights.learnability_weights(reward, self.noise_like(args), *bounds, active, floor)
+                self.weights = weights.learnability_weights(
+                    reward, self.noise_like(args), w_min=bounds[0], w_max=bounds[1], active=active, spread_floor=floor
+                )
             elif args.policy_group_weight_rule == "progress":
                 change = torch.nan_to_num(reward - self.window_reward, nan=0.0)  # no window yet: no change
-                self.weights = weights.progress_weights(self.weights, change, args.policy_group_eta, *bounds, active)
+                self.weights = weights.progress_weights(
+                    self.weights, change, eta=args.policy_group_eta, w_min=bounds[0], w_max=bounds[1], active=active
+                )
             else:
-                self.weights = weights.deficit_weights(self.weights, reward, args.policy_group_eta, *bounds, active)
+                self.weights = weights.deficit_weights(
+                    self.weights, reward, eta=args.policy_group_eta, w_min=bounds[0], w_max=bounds[1], active=active
+                )
             self.weights = torch.where(active, self.weights, torch.ones_like(self.weights))
             self.weights = weights.smooth_weights(previous, self.weights, args.policy_group_weight_smoothing)
             self.weights = weights.normalize_weights(self.weights, *bounds, self.available)

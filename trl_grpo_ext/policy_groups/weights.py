@@ -40,14 +40,14 @@ def normalize_weights(weights: torch.Tensor, w_min: float, w_max: float, active:
     return w
 
 
-def progress_weights(weights, reward_change, eta: float, w_min: float, w_max: float, active) -> torch.Tensor:
+def progress_weights(weights, reward_change, *, eta: float, w_min: float, w_max: float, active) -> torch.Tensor:
     """The `progress` rule: α_i ← α_i·(1 + η·ΔR_i) with ΔR_i = change_i − mean change over active groups, then
     `normalize_weights`. All tensors (K,)."""
     delta = reward_change - reward_change[active].mean()
     return normalize_weights(weights * (1 + eta * delta), w_min, w_max, active)
 
 
-def deficit_weights(weights, reward, eta: float, w_min: float, w_max: float, active) -> torch.Tensor:
+def deficit_weights(weights, reward, *, eta: float, w_min: float, w_max: float, active) -> torch.Tensor:
     """The `deficit` rule: α_i ← α_i·(1 + η·(R̄ − R_i)), R̄ the mean over active groups, then `normalize_weights`."""
     return normalize_weights(weights * (1 + eta * (reward[active].mean() - reward)), w_min, w_max, active)
 
@@ -65,7 +65,7 @@ NOISE_INFORMATIVE = 0.5  # ... and has more than this share of prompts whose com
 DEFICIT_FLOOR = 0.05  # added to the deficit, so the best group keeps a weight
 
 
-def learnability_weights(reward, noise_like, w_min: float, w_max: float, active, spread_floor=0.0) -> torch.Tensor:
+def learnability_weights(reward, noise_like, *, w_min: float, w_max: float, active, spread_floor=0.0) -> torch.Tensor:
     """The `learnability` rule, α_i = (d_i + 0.05)·s_i (see the module docstring), clipped to [w_min, w_max] and
     renormalised to mean 1 over the `active` groups. `reward` (K,) EMA rewards, `noise_like` (K,) bool. Memoryless:
     the weights follow the current rewards, not the previous weights. Returns (K,).

@@ -80,10 +80,17 @@ class PromptSkip(Feature):
         args, skip, groups = self.trainer.args, self.skip, self.trainer.policy_groups
         by_group = groups is not None and (args.prompt_skip_first_visit or args.prompt_skip_group_informative > 0)
         return prompt_keep_probability(
-            skip.history, rows, skip.base, self.hopeless_base(), skip.solved_at(), args.prompt_skip_failing_grace,
-            args.prompt_skip_min_keep, (groups.assignment, len(groups.names)) if by_group else None,
-            first_visit=args.prompt_skip_first_visit, group_informative=args.prompt_skip_group_informative,
-        )  # fmt: skip
+            skip.history,
+            rows,
+            base=skip.base,
+            hopeless=self.hopeless_base(),
+            best=skip.solved_at(),
+            grace=args.prompt_skip_failing_grace,
+            floor=args.prompt_skip_min_keep,
+            groups=(groups.assignment, len(groups.names)) if by_group else None,
+            first_visit=args.prompt_skip_first_visit,
+            group_informative=args.prompt_skip_group_informative,
+        )
 
     def hopeless_base(self) -> float | None:
         """With `prompt_skip_hopeless`, the base keep probability of a failing prompt never informative, measured on
@@ -98,10 +105,18 @@ class PromptSkip(Feature):
             self._decisions = (skip.batches, skip.decision_generator())
         args = self.trainer.args
         history = skip.history
-        probability = float(streak_keep(
-            history.streak[row], history.value[row], history.informed[row], skip.solved_at(), skip.base,
-            self.hopeless_base(), args.prompt_skip_failing_grace, args.prompt_skip_min_keep,
-        ))  # fmt: skip
+        probability = float(
+            streak_keep(
+                history.streak[row],
+                history.value[row],
+                informed=history.informed[row],
+                best=skip.solved_at(),
+                base=skip.base,
+                hopeless=self.hopeless_base(),
+                grace=args.prompt_skip_failing_grace,
+                floor=args.prompt_skip_min_keep,
+            )
+        )
         if probability >= 1.0:
             return True
         if float(torch.rand((), dtype=torch.float64, generator=self._decisions[1])) < probability:
@@ -187,8 +202,8 @@ class PromptSkip(Feature):
         skip.evidence = count_evidence(skip.evidence, before[0] & scored, before[1] & scored, scored & ~equal)
         share = float(equal[scored].double().mean()) if scored.any() else float("nan")
         args = trainer.args
-        skip.base = adapt_base(skip.base, share, args.prompt_skip_target, args.prompt_skip_adapt_step,
-                               args.prompt_skip_min_keep)  # fmt: skip
+        skip.base = adapt_base(skip.base, share, target=args.prompt_skip_target, step=args.prompt_skip_adapt_step,
+                               low=args.prompt_skip_min_keep)  # fmt: skip
         skip.batches += 1
         train_metrics["prompt_skip/uninformative_frac"].append(share)
         train_metrics["prompt_skip/keep_base"].append(skip.base)

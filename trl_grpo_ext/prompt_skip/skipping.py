@@ -50,6 +50,7 @@ def skip_streak(streak: torch.Tensor, value: torch.Tensor, best: float, grace: i
 def streak_keep(
     streak,
     value,
+    *,
     informed,
     best: float,
     base: float,
@@ -106,7 +107,7 @@ def hopeless_base(evidence: torch.Tensor, prior: float = HOPELESS_PRIOR) -> floa
     return min(r_f / r_a, 1.0)
 
 
-def adapt_base(base: float, observed: float, target: float, step: float, low: float, high: float = 1.0) -> float:
+def adapt_base(base: float, observed: float, *, target: float, step: float, low: float, high: float = 1.0) -> float:
     """The base keep probability after a generation batch whose share of uninformative generation groups was
     `observed` (NaN: nothing was measured, no change): base − step if above `target`, base + step if below, within
     [`low`, `high`]."""
@@ -172,7 +173,9 @@ def keep_for_layout(kept: torch.Tensor, probability: torch.Tensor, quantum: int)
 FIRST_VISIT_LEAST_SEEN = 8  # prompts of a policy group seen before its solved share predicts a first visit
 
 
-def failing_group_keep(assignment, failing_visits, informed, groups: int, floor: float, least: float) -> torch.Tensor:
+def failing_group_keep(
+    assignment, failing_visits, *, informed, groups: int, floor: float, least: float
+) -> torch.Tensor:
     """(K,) float64 per policy group: the keep probability of its prompts never informative, from the whole group's
     evidence. A group none of whose prompts was ever informative, after V uninformative failing visits over all its
     prompts: max((1 − `least`)^V, `floor`), the chance that V visits in a row give nothing if the group's share of
@@ -195,7 +198,7 @@ def failing_group_keep(assignment, failing_visits, informed, groups: int, floor:
     return keep.where(~ever_informed, torch.ones((), dtype=torch.float64))
 
 
-def prompt_keep_probability(history, rows, base, hopeless, best, grace, floor, groups=None, first_visit=True,
+def prompt_keep_probability(history, rows, *, base, hopeless, best, grace, floor, groups=None, first_visit=True,
                             group_informative=0.0, tol=1e-6) -> torch.Tensor:  # fmt: skip
     """(P,) float64 the keep probability of each dataset row of `rows` (P,), from the `history` (a `PromptHistory`):
     `streak_keep` (1 for a prompt never uninformative, or never seen; `base` and `failing` the solved and failing
@@ -207,8 +210,17 @@ def prompt_keep_probability(history, rows, base, hopeless, best, grace, floor, g
     never informative, and the policy does not move: the test would throttle all of them alike, which saves no token
     per informative generation group found and spends more steps finding the first; with a learnable group that
     fails at first, it left a run at one prompt a step for 60 steps)."""
-    keep = streak_keep(history.streak[rows], history.value[rows], history.informed[rows], best, base, hopeless, grace,
-                       floor, tol)  # fmt: skip
+    keep = streak_keep(
+        history.streak[rows],
+        history.value[rows],
+        informed=history.informed[rows],
+        best=best,
+        base=base,
+        hopeless=hopeless,
+        grace=grace,
+        floor=floor,
+        tol=tol,
+    )
     first = history.last_step[rows] == NEVER
     if groups is None:
         return keep
@@ -220,8 +232,14 @@ def prompt_keep_probability(history, rows, base, hopeless, best, grace, floor, g
         keep = torch.where(first, first_visit_keep(share[assignment[rows]], floor), keep)
     if group_informative > 0 and bool(history.informed.any()):
         failing = history.failing_never_informative(best, tol=tol)
-        group_keep = failing_group_keep(assignment, torch.where(failing, history.streak.long(), 0), history.informed,
-                                        count, floor, group_informative)[assignment[rows]]  # fmt: skip
+        group_keep = failing_group_keep(
+            assignment,
+            torch.where(failing, history.streak.long(), 0),
+            informed=history.informed,
+            groups=count,
+            floor=floor,
+            least=group_informative,
+        )[assignment[rows]]
         applies = first | failing[rows]  # never generated for, or failing at every visit so far
         keep = torch.where(applies, torch.minimum(keep, group_keep), keep)
     return keep
