@@ -19,7 +19,8 @@ demo: $(VENV)/.installed
 # The suite on $(TEST_WORKERS) pytest-xdist workers, one torch thread each (tests/conftest.py): its training runs are
 # tiny and gain nothing from a second thread, so 2 workers on 2 cores finish in about 0.6 of one's time. The shared
 # two-process job (tests/two_process.py) runs once, in the first worker that needs it. TEST_WORKERS=0: one process.
-# TESTS: what pytest collects (`make test TESTS=tests/test_rewards.py` runs one file; ARGS add options such as -k).
+# TESTS: what pytest collects (`make test TESTS=tests/unit`: the tests without a model, about a minute;
+# `TESTS=tests/unit/test_rewards.py`: one file); ARGS add options such as -k.
 TEST_WORKERS ?= 2
 TESTS ?= tests
 test: $(VENV)/.installed
@@ -41,17 +42,17 @@ test-engines:
 # _compute_loss and the log-probabilities); gradient regularization (_clip_grad_norm, _get_grad_norm); fast
 # generation (_generate_single_turn and the transformers internals; compiled with the CPU tests' backend,
 # tests/cpu_compile.py). The whole suite runs with the newest versions.
-OLDEST_TESTS ?= tests/test_trl_contact.py \
-	"tests/test_equivalence.py::test_default_settings_reproduce_stock_trl_exactly" \
-	"tests/test_resume.py::test_resumed_run_equals_uninterrupted[save_steps_inside_generation_cycle]" \
-	"tests/test_resume.py::test_resumed_run_equals_uninterrupted[lora]" \
-	tests/test_resume.py::test_resuming_a_finished_run_changes_nothing tests/test_resume.py::test_two_processes_resume_exactly \
-	tests/test_split_invariance.py::test_a_step_over_two_generation_batches_draws_the_same_tokens \
-	tests/test_grad_reg.py::test_resume_is_exact tests/test_grad_reg.py::test_nonfinite_step_is_skipped_and_training_goes_on \
-	tests/test_entropy.py::test_resume_restores_the_entropy_controllers_exactly \
-	tests/test_policy_groups.py::test_grouped_run_resumes_exactly \
-	"tests/test_generation.py::test_training_with_a_lever_matches_stock_generation" \
-	tests/test_generation.py::test_repeated_input_grad_hooks_are_cut_with_fast_generation_and_pile_up_without
+OLDEST_TESTS ?= tests/unit/test_trl_contact.py \
+	"tests/training/test_equivalence.py::test_default_settings_reproduce_stock_trl_exactly" \
+	"tests/training/test_resume.py::test_resumed_run_equals_uninterrupted[save_steps_inside_generation_cycle]" \
+	"tests/training/test_resume.py::test_resumed_run_equals_uninterrupted[lora]" \
+	tests/training/test_resume.py::test_resuming_a_finished_run_changes_nothing tests/training/test_resume.py::test_two_processes_resume_exactly \
+	tests/training/test_split_invariance.py::test_a_step_over_two_generation_batches_draws_the_same_tokens \
+	tests/training/test_grad_reg.py::test_resume_is_exact tests/training/test_grad_reg.py::test_nonfinite_step_is_skipped_and_training_goes_on \
+	tests/training/test_entropy.py::test_resume_restores_the_entropy_controllers_exactly \
+	tests/training/test_policy_groups.py::test_grouped_run_resumes_exactly \
+	"tests/training/test_generation.py::test_training_with_a_lever_matches_stock_generation" \
+	tests/training/test_generation.py::test_repeated_input_grad_hooks_are_cut_with_fast_generation_and_pile_up_without
 test-oldest: $(VENV)/.installed
 	bash scripts/oldest_overlay.sh $(VENV) .oldest
 	PYTHONPATH=.oldest $(PY) -m pytest $(OLDEST_TESTS) -n $(TEST_WORKERS) $(ARGS)

@@ -10,22 +10,22 @@ The most telling first:
    `generation_lora_merge="inplace"`) generates 150 times through TRL's generation path, 8 prompts of 3-40 tokens
    each; every 10 calls it prints the seconds of the call, the CUDA graphs recorded so far and the device memory.
    Passes when the recordings stop growing after the first 10 calls, inductor skipped no CUDA graph, the run kept
-   one static cache (`tests.test_generation_gpu.generation_probe`); the detail gives the median call time from
+   one static cache (`tests.gpu.test_generation_gpu.generation_probe`); the detail gives the median call time from
    call 10 on and the slowest sampled call against it (a re-recording run would grow with the calls).
 2. `resume`: a run with bf16, LoRA and every feature on (policy groups, entropy regularization, ZClip + AGC, the
    adaptive KL coefficient) resumed from a checkpoint inside a generation cycle continues exactly as the
    uninterrupted one, and the buffered generation batch restored from the checkpoint is on the device
-   (`tests.test_resume_gpu.resume_inside_cycle`, the GPU test's case `every_feature_bf16_weights`).
+   (`tests.gpu.test_resume_gpu.resume_inside_cycle`, the GPU test's case `every_feature_bf16_weights`).
 3. `qlora_eval`: QLoRA (bitsandbytes 4-bit NF4 + LoRA) trains 2 GRPO steps on GSM8K problems and its LoRA weights
    move; the adapter is saved and `recipes/eval_gsm8k.py`'s `main` evaluates it in this process on 4 test problems
    (from `../shared/data/gsm8k` when present, else seeded GSM8K-format problems of `trl_grpo_ext.gsm8k.data`).
 4. `gpu_tests`: `pytest -m gpu` on the test files that hold GPU-marked tests (fast generation as the presets run it:
    in-place and copy merges with compilation, LoRA and 4-bit, bf16 and the T4 preset's fp16, 50 generations each;
-   resume; the fp16 paths of the T4 preset and the quickstart notebook, `tests/test_fp16_gpu.py`; the run doctor's
-   CUDA memory metrics, `tests/test_doctor.py`; the probe generation on a real compile and the fall back with Triton
-   hidden, `tests/test_generation_fallback.py`; the in-place merge's exact page-locked bytes; the two static caches'
-   memory, `tests/test_memory.py`), in a subprocess, with what is left of `--time-budget` as its
-   timeout. On CUDA a skipped test fails the check; with `--device cpu` they all skip and the check only shows that
+   resume; the fp16 paths of the T4 preset and the quickstart notebook, `tests/gpu/test_fp16_gpu.py`; the run doctor's
+   CUDA memory metrics, `tests/training/test_doctor.py`; the probe generation on a real compile and the fall back with
+   Triton hidden, `tests/training/test_generation_fallback.py`; the in-place merge's exact page-locked bytes; the two
+   static caches' memory, `tests/training/test_memory.py`), in a subprocess, with what is left of `--time-budget` as
+   its timeout. On CUDA a skipped test fails the check; with `--device cpu` they all skip and the check only shows that
    they collect.
 
 Every model is the tiny random-init Qwen2 of `trl_grpo_ext.cli.tiny_model`, built here: nothing is downloaded. Prints
@@ -59,7 +59,7 @@ EVAL_PROBLEMS = 4
 def check_rerecord(model_dir: str, work: Path, device: str, dtype: str) -> str:
     import statistics
 
-    from tests.test_generation_gpu import generation_probe, probe_trainer
+    from tests.gpu.test_generation_gpu import generation_probe, probe_trainer
 
     if PROBE_CALLS < 20:
         raise ValueError(f"GPU_CHECK_PROBE_CALLS={PROBE_CALLS}: the probe compares calls 10 to the last, needs >= 20")
@@ -86,7 +86,7 @@ def check_rerecord(model_dir: str, work: Path, device: str, dtype: str) -> str:
 
 
 def check_resume(model_dir: str, work: Path, device: str, dtype: str) -> str:
-    from tests.test_resume_gpu import EVERY_FEATURE, resume_inside_cycle
+    from tests.gpu.test_resume_gpu import EVERY_FEATURE, resume_inside_cycle
 
     result = resume_inside_cycle(EVERY_FEATURE, work / "resume", model_dir, device=device, dtype=dtype)
     features = " ".join(result["features"])
@@ -175,8 +175,8 @@ def check_qlora_eval(model_dir: str, work: Path, device: str, dtype: str) -> str
 
 def gpu_test_files() -> list[str]:
     """The test files with GPU-marked tests (collecting all of tests/ would import packages a GPU image lacks)."""
-    return sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "tests").glob("test_*.py")
-                  if "pytest.mark.gpu" in p.read_text())  # fmt: skip
+    return sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "tests").rglob("test_*.py")
+                  if "engines" not in p.parts and "pytest.mark.gpu" in p.read_text())  # fmt: skip
 
 
 def check_gpu_tests(device: str, timeout: float, work: Path) -> str:

@@ -2,10 +2,10 @@
 
     python benchmarks/resume_exactness.py [--configs default lora ...]
 
-For each configuration of `tests/test_resume.py`, trains the tiny Qwen2 model 6 steps uninterrupted (checkpoint every
-3 steps) and again resumed from checkpoint-3, with `trl.GRPOTrainer` and with `trl_grpo_ext.GRPOTrainer`, and prints
-the max abs difference over every metric logged after the resume, over every trainable parameter at the end, and
-whether the prompts seen after the resume were the same.
+For each configuration of `tests/training/test_resume.py`, trains the tiny Qwen2 model 6 steps uninterrupted
+(checkpoint every 3 steps) and again resumed from checkpoint-3, with `trl.GRPOTrainer` and with
+`trl_grpo_ext.GRPOTrainer`, and prints the max abs difference over every metric logged after the resume, over every
+trainable parameter at the end, and whether the prompts seen after the resume were the same.
 """
 
 import argparse
@@ -19,7 +19,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from tests import resume_check  # noqa: E402
-from tests.test_resume import CONFIGS  # noqa: E402
+from tests.training.test_resume import CONFIGS  # noqa: E402
 from trl_grpo_ext import GRPOConfig, GRPOTrainer  # noqa: E402
 from trl_grpo_ext.cli.tiny_model import save_tiny_model  # noqa: E402
 

@@ -35,7 +35,7 @@ def count_caches(setting: str, model_dir: str, work: Path, generations: int) -> 
 
     import transformers
 
-    from tests.test_generation_gpu import probe_trainer
+    from tests.gpu.test_generation_gpu import probe_trainer
 
     built = []  # every StaticCache transformers or the trainer constructed (kept, so that addresses stay distinct)
 

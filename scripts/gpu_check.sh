@@ -10,13 +10,13 @@
 #      must stop growing, no CUDA graph skipped, one static cache;
 #   2. exact resume inside a generation cycle on CUDA (bf16, LoRA, every feature on), restored batch on the GPU;
 #   3. a QLoRA (4-bit NF4 + LoRA) GRPO step on GSM8K, then recipes/eval_gsm8k.py on the trained adapter;
-#   4. the GPU-marked tests (every tests/test_*.py holding one): the presets' fast generation trained and probed over
+#   4. the GPU-marked tests (every tests/**/test_*.py holding one): the presets' fast generation trained and probed over
 #      50 generations (in-place and copy + compile, LoRA and 4-bit, bf16 and the T4 preset's fp16 with its loss
 #      scaler), resume, fp16, the run doctor's CUDA memory metrics; and (issue #57) the probe generation compiling
-#      with inductor and CUDA graphs and the fast path kept (tests/test_generation_fallback.py, in-place and copy),
+#      with inductor and CUDA graphs and the fast path kept (tests/training/test_generation_fallback.py, in-place and copy),
 #      the fall back to TRL's generation with Triton hidden (the same file, a subprocess), the in-place merge's host
-#      copy page-locked at exactly its bytes (tests/test_generation_gpu.py), the two static caches of prompt skipping
-#      holding the estimate's bytes (tests/test_memory.py).
+#      copy page-locked at exactly its bytes (tests/gpu/test_generation_gpu.py), the two static caches of prompt skipping
+#      holding the estimate's bytes (tests/training/test_memory.py).
 # throughput: benchmarks/gpu_throughput.py, the 8 GB preset's stock and preset rows first (in $OUT/first), then its
 #   single levers (compile, inplace, copy) until the budget is spent (a row left out for time says "skipped", it is
 #   no failure): seconds per step, completion tokens per second, merge share, peak memory beside the estimate. The

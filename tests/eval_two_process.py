@@ -1,6 +1,6 @@
-"""A worker of `tests/test_eval_generation.py`'s two-process evaluation: `python -m tests.eval_two_process MODEL OUT`
-under `accelerate launch`. Each process evaluates its share of the problems (`evaluate`) and writes the results it
-returns, with how many times it called `generate`, to `OUT/rank<i>.json`."""
+"""A worker of `tests/training/test_eval_generation.py`'s two-process evaluation: `python -m tests.eval_two_process
+MODEL OUT` under `accelerate launch`. Each process evaluates its share of the problems (`evaluate`) and writes the
+results it returns, with how many times it called `generate`, to `OUT/rank<i>.json`."""
 
 import json
 import os

@@ -230,7 +230,7 @@ def _run_job(job_file: str, out_dir: str) -> None:
     """One worker process: every scenario in turn; its record written as soon as the scenario is done."""
     from tests.cpu_compile import use_backend_from_env
     from tests.resume_check import run_phase
-    from tests.test_recipes import load_recipe
+    from tests.training.test_recipes import load_recipe
 
     use_backend_from_env()
     job = json.loads(Path(job_file).read_text())

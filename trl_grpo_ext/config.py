@@ -62,7 +62,7 @@ FEATURE_CONFIGS = (
 
 # dataclasses collect fields from the last base to the first: TRL's fields first (`GRPOConfig("out")` still sets
 # `output_dir`), then each part's in `FEATURE_CONFIGS` order. The bases are named, not unpacked from
-# `FEATURE_CONFIGS`, so that type checkers and editors see every field (`tests/test_config_fields.py` checks that
+# `FEATURE_CONFIGS`, so that type checkers and editors see every field (`tests/unit/test_config_fields.py` checks that
 # they are the parts' fields in reverse order).
 @dataclass
 class GRPOConfig(
@@ -80,7 +80,7 @@ class GRPOConfig(
 
     This class is a drop-in replacement: `from trl_grpo_ext import GRPOConfig` instead of `from trl import GRPOConfig`
     changes nothing until one of this package's settings is turned on. With every setting at its default, a run is
-    numerically identical to stock TRL GRPO (`tests/test_equivalence.py` proves it).
+    numerically identical to stock TRL GRPO (`tests/training/test_equivalence.py` proves it).
 
     Every field below is checked when the config is built, its feature on or off, by its type and the range
     `FIELD_RANGES` declares (`field_checks.check_field`; strings are read as TrlParser reads the command line).

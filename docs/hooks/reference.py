@@ -10,7 +10,7 @@ is imported, so the docs build needs no torch):
 - `<!-- generated: GSM8KScriptArguments -->`: the GSM8K recipe's script fields, from the dataclass in
   `recipes/math_gsm8k.py` (name, default, `help` metadata).
 
-A marker that is missing, or a docstring without such sections, fails the build. `tests/test_docs.py` checks that
+A marker that is missing, or a docstring without such sections, fails the build. `tests/meta/test_docs.py` checks that
 the tables list every field (it imports this module without MkDocs).
 """
 
@@ -22,7 +22,7 @@ import textwrap
 
 try:
     from mkdocs.exceptions import PluginError
-except ImportError:  # imported without MkDocs (tests/test_docs.py): the same checks, as ValueError
+except ImportError:  # imported without MkDocs (tests/meta/test_docs.py): the same checks, as ValueError
     PluginError = ValueError
 
 PAGE = "configuration.md"

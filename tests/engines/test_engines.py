@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.engines.conftest import require
-from tests.test_multi_gpu import assert_same
+from tests.training.test_multi_gpu import assert_same
 from tests.two_process import checked, full_records, resume_diff, two_process
 from trl_grpo_ext.resume import checkpoint_problem, load_resume_state
 

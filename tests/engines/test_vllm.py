@@ -37,7 +37,7 @@ from vllm import LLM  # noqa: E402
 from tests.conftest import REPO_ROOT, length_reward, small_grpo_kwargs  # noqa: E402
 from tests.engines.vllm_cpu import colocate_on_cpu, save_vllm_cpu_model  # noqa: E402
 from tests.resume_check import check_resume  # noqa: E402
-from tests.test_recipes import load_recipe  # noqa: E402
+from tests.training.test_recipes import load_recipe  # noqa: E402
 from trl_grpo_ext import GRPOConfig, GRPOTrainer  # noqa: E402
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows  # noqa: E402
 
@@ -285,8 +285,8 @@ def test_policy_groups_draw_as_without_vllm(vllm_model_dir, engine, requests_rec
 
 
 def test_the_entropy_target_sets_its_coefficient_by_its_law_under_vllm(vllm_model_dir, engine, tmp_path):
-    """As without vLLM (tests/test_entropy.py): the PI controller's first coefficient is (kp + ki) e1, e = 8 - H, H
-    TRL's logged entropy of the completions vLLM sampled, and its integral the sum of the errors."""
+    """As without vLLM (tests/training/test_entropy.py): the PI controller's first coefficient is (kp + ki) e1, e = 8 -
+    H, H TRL's logged entropy of the completions vLLM sampled, and its integral the sum of the errors."""
     trainer = _train(vllm_model_dir, tmp_path, entropy_reg="target", entropy_target=8.0, entropy_pi_kp=0.02,
                      entropy_pi_ki=0.005)  # fmt: skip
     rows = _train_rows(trainer)

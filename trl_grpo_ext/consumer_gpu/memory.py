@@ -220,7 +220,8 @@ def layer_activation_bytes(
     shared; once per targeted linear, plus a 1-byte dropout mask, when PEFT casts the input to fp32 adapters or drops
     it out, `shared_inputs=False`) and each LoRA A output (w·r). A frozen base weight needs no saved input; `targets`
     None means full fine-tuning (every input, and both norms' normalized input). Checked against the tensors autograd
-    saves for one layer on CPU (`tests/test_memory.py`); CUDA's dropout mask is 1 byte, CPU's is the input's dtype.
+    saves for one layer on CPU (`tests/training/test_memory.py`); CUDA's dropout mask is 1 byte, CPU's is the input's
+    dtype.
     """
     w, h, i, a = 2, config.hidden_size, config.intermediate_size, config.num_attention_heads
     shapes = linear_shapes(config)

@@ -12,7 +12,7 @@ calls it at fixed points of TRL's loss on each micro-batch, modes in registry or
        scales it to the micro-batch's share of the optimizer step, so that it is a token mean over the whole step.
 
 A new mode is one class here (or anywhere: `ENTROPY_REG_MODES.register("name")` on a subclass of `EntropyMode`)
-plus the config fields it reads; `tests/test_entropy.py` registers a trivial one.
+plus the config fields it reads; `tests/training/test_entropy.py` registers a trivial one.
 """
 
 import logging

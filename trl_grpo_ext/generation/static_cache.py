@@ -19,7 +19,7 @@ does through `trl_contact.compile_config_all_devices`, mode "default": CUDA grap
   between generations (the memory estimate counts it as resident: `consumer_gpu.memory`, `static_cache`).
 * **a fixed cache length** (`StaticCacheSizer`): prompt budget + `max_new_tokens`, whatever the prompts' lengths, so
   a decode step has the same shapes at every token of every step and its compiled graph (and CUDA graph) is
-  replayed, not retraced (`tests/test_generation.py` counts the graphs and the caches).
+  replayed, not retraced (`tests/training/test_generation.py` counts the graphs and the caches).
 
 Not compiled: the prefill (one forward per generation). Generations of another batch size (evaluation) get a cache
 of their own and compile once more. transformers refuses to compile bitsandbytes-quantized models (their quantizer

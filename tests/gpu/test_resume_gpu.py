@@ -7,10 +7,10 @@ asserts that the resumed run continues exactly (`tests.resume_check.compare`: ev
 the final parameters) and that the restored batch sits on the trainer's device, not on the CPU it was loaded to.
 It takes the device, so the same logic runs on the CPU for debugging:
 
-    python -c "from tests.test_resume_gpu import main; main()"      # both cases on the CPU, fp32
+    python -c "from tests.gpu.test_resume_gpu import main; main()"      # both cases on the CPU, fp32
 
-The every-feature case also runs on the CPU as a collected test; tests/test_resume.py covers the other cycle shapes
-on the CPU.
+The every-feature case also runs on the CPU as a collected test; tests/training/test_resume.py covers the other cycle
+shapes on the CPU.
 """
 
 import os

@@ -235,7 +235,7 @@ def test_evaluation_shared_over_two_processes_equals_one_process(tiny_model_dir,
 
 def test_recipe_end_of_run_evaluation_prints_progress_and_its_settings(tmp_path, capsys):
     """The recipe's evaluation after training (one process): a progress line a batch, the settings in the file."""
-    from tests.test_recipes import load_recipe
+    from tests.training.test_recipes import load_recipe
 
     recipe = load_recipe("math_gsm8k")
     out = tmp_path / "run"

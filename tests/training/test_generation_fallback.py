@@ -324,7 +324,7 @@ HIDDEN_TRITON = """
 import sys
 sys.modules["triton"] = None  # as if Triton were not installed: `import triton` fails, find_spec finds nothing
 import json, logging
-from tests.test_generation_fallback import CUDA_RUN, _trainer
+from tests.training.test_generation_fallback import CUDA_RUN, _trainer
 import torch
 trainer = _trainer(sys.argv[1], sys.argv[2], **CUDA_RUN, generation_compile=True,
                    generation_lora_merge="inplace", eval_strategy="no")

@@ -1,16 +1,16 @@
 """The memory estimate's end-of-run evaluation term (issue #58): HF generation of `eval_batch_size` prompts beside the
-resident terms, by hand on the small config of tests/test_memory.py."""
+resident terms, by hand on the small config of tests/training/test_memory.py."""
 
 import pytest
 
-from tests.test_memory import SMALL, small_estimate
+from tests.training.test_memory import SMALL, small_estimate
 from trl_grpo_ext.consumer_gpu import memory
 from trl_grpo_ext.consumer_gpu.memory import GIB
 
 
 def test_evaluation_term_by_hand(tmp_path):
     """QLoRA r=4 on q/v, prompt 8 + completion 8 tokens; training generates 8 sequences (the generation phase 161152
-    bytes, the training phase 154624: tests/test_memory.py's hand-computed estimate)."""
+    bytes, the training phase 154624: tests/training/test_memory.py's hand-computed estimate)."""
     stock = small_estimate(tmp_path, load_in_4bit=True)
     assert stock.evaluation == 0  # no eval_batch_size: left out, nothing else changes
     # 16 prompts, one greedy sequence each. KV cache 256 bytes a token (2 · 2 layers · 2 kv heads · 16 · 2). Decoding

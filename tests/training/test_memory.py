@@ -455,7 +455,7 @@ def test_missing_optional_package_is_named(monkeypatch, tmp_path):
 
 
 def test_recipe_refuses_vllm_without_vllm_before_building_a_model(monkeypatch, tmp_path):
-    from tests.test_recipes import load_recipe
+    from tests.training.test_recipes import load_recipe
 
     monkeypatch.setattr(dependencies, "is_installed", lambda package: package != "vllm")
     recipe = load_recipe("math_gsm8k")

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tests.test_benchmark_sampling import harness
+from tests.benchmarks.test_benchmark_sampling import harness
 
 
 def test_widened_mixes_hold_640_prompts_in_their_shares():

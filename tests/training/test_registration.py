@@ -108,7 +108,7 @@ def test_cli_tiny_model_writes_a_loadable_model(tmp_path):
 
 def test_cli_grpo_trains_with_our_trainer(tiny_model_dir, tmp_path):
     """In process (`cli.main`, which registers our classes: the autouse fixtures restore TRL's after the test); the
-    command's exit codes and stderr in a process of its own are tests/test_cli_errors.py's."""
+    command's exit codes and stderr in a process of its own are tests/training/test_cli_errors.py's."""
     data = _write_prompt_dataset(tmp_path / "data")
     args = _grpo_script_args(tiny_model_dir, data, tmp_path / "o") + ["--save_strategy", "steps", "--save_steps", "1"]
     assert cli.main(["grpo", *args]) == 0

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.test_recipes import load_recipe
+from tests.training.test_recipes import load_recipe
 from trl_grpo_ext import cli, error_reports
 from trl_grpo_ext.cli import errors
 from trl_grpo_ext.gsm8k.data import DatasetFormatError

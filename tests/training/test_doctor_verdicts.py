@@ -12,8 +12,8 @@ import torch
 from datasets import Dataset
 
 from tests.conftest import REPO_ROOT, length_reward, small_grpo_kwargs
-from tests.test_doctor import checks_found, log
-from tests.test_recipes import load_recipe
+from tests.training.test_doctor import checks_found, log
+from tests.training.test_recipes import load_recipe
 from trl_grpo_ext import GRPOConfig, GRPOTrainer, cli
 from trl_grpo_ext.doctor import CHECKS, DoctorCallback, diagnose
 from trl_grpo_ext.doctor import callback as callback_module

@@ -19,7 +19,7 @@ from accelerate.utils import ComputeEnvironment, DeepSpeedPlugin, DistributedTyp
 from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
 
 from tests.conftest import REPO_ROOT
-from tests.test_recipes import load_recipe
+from tests.training.test_recipes import load_recipe
 from tests.two_process import checked, two_process
 from trl_grpo_ext import GRPOConfig
 from trl_grpo_ext.generation import config as generation_config

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.test_recipes import load_recipe
+from tests.training.test_recipes import load_recipe
 from trl_grpo_ext import GRPOConfig
 from trl_grpo_ext.config import own_fields
 

@@ -12,7 +12,7 @@ import torch
 
 import trl_grpo_ext
 from tests.conftest import REPO_ROOT
-from tests.test_recipes import load_recipe
+from tests.training.test_recipes import load_recipe
 from trl_grpo_ext import cli
 from trl_grpo_ext.cli import errors
 from trl_grpo_ext.gsm8k.rewards import REWARD_FUNCS
