@@ -117,6 +117,15 @@ class Feature:
     another class already took the name."""
 
     name: str  # its key in `trainer.features`, `trainer.STEP` and checkpoints
+    # What the feature touches beyond its own state, declared here so that the coupling reads in one place
+    # (`tests/meta/test_architecture.py` checks the code against both, both ways):
+    # `reads`: the other features whose state (`trainer.policy_groups`, ...) or settings (fields of their config
+    # part) it reads, by name;
+    # `writes`: what it sets on objects it does not own, as the code names them: the trainer's attributes
+    # ("trainer.beta"), keys of TRL's output dict and batches ("output['policy_group_ids']"), the policy's
+    # `generate` ("policy.generate"), a DeepSpeed engine's clip threshold ("deepspeed clip_grad").
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -334,3 +334,67 @@ def test_the_test_settings_hide_no_warning_category_wholesale():
     settings = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     filters = settings["filterwarnings"]
     assert filters and all(re.match(r"ignore:[^:]+:\w+Warning$", line) for line in filters), filters
+
+
+# The trainer's properties that hand out a feature's state (`GRPOTrainer.policy_groups`, ...), by the feature's name.
+STATE_PROPERTIES = {"policy_groups": "policy_groups", "entropy_reg_state": "entropy_reg", "grad_reg_state": "grad_reg",
+                    "fast_generation": "fast_generation"}  # fmt: skip
+
+
+def _feature_folder(feature: type[Feature]) -> Path:
+    return Path(sys.modules[feature.__module__].__file__).parent
+
+
+def _coupling_in_code(feature: type[Feature]) -> tuple[set[str], set[str]]:
+    """What the modules of `feature`'s folder read of other features and write outside the feature, found in their
+    code: reads of another feature's state through the trainer (`trainer.policy_groups`) or of a field of another
+    feature's config part (`args.generation_compile`); writes of the trainer's attributes (`trainer.beta = ...`,
+    also `trainer.generation_config.x = ...`), of a `generate` method, of string keys of TRL's dicts in `feature.py`
+    (`output["policy_group_ids"] = ...`), and of a DeepSpeed engine's clip (`set_deepspeed_clip`)."""
+    folders = {_feature_folder(f).name: f.name for f in PACKAGE_FEATURES}
+    owners = {field.name: folders[part.fields.__module__.split(".")[1]]
+              for part in FEATURE_CONFIGS for field in dataclasses.fields(part.fields)}  # fmt: skip
+    reads, writes = set(), set()
+    for path in sorted(_feature_folder(feature).glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                base = ast.unparse(node.value)
+                if base.endswith("trainer") and node.attr in STATE_PROPERTIES:
+                    reads.add(STATE_PROPERTIES[node.attr])
+                if base.endswith("args") and owners.get(node.attr, feature.name) != feature.name:
+                    reads.add(owners[node.attr])
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("set_deepspeed_clip"):
+                writes.add("deepspeed clip_grad")
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for target in targets:
+                if isinstance(target, ast.Attribute):
+                    chain = [*ast.unparse(target.value).split("."), target.attr]
+                    if "trainer" in chain[:-1]:
+                        writes.add(f"trainer.{chain[chain.index('trainer') + 1]}")
+                    elif target.attr == "generate":
+                        writes.add(f"{chain[-2]}.generate")
+                elif (isinstance(target, ast.Subscript) and path.name == "feature.py"
+                      and isinstance(target.value, ast.Name) and target.value.id in ("output", "batch", "inputs")
+                      and isinstance(target.slice, ast.Constant) and isinstance(target.slice.value, str)):  # fmt: skip
+                    writes.add(f"{target.value.id}[{target.slice.value!r}]")
+    return reads, writes
+
+
+@pytest.mark.parametrize("feature", PACKAGE_FEATURES, ids=[feature.name for feature in PACKAGE_FEATURES])
+def test_each_feature_declares_what_it_reads_of_others_and_writes_outside_itself(feature):
+    """Issue #61: a feature's `reads` (the other features whose state or settings it reads) and `writes` (what it
+    sets on objects it does not own) are exactly what its code does (`_coupling_in_code`), so the coupling between
+    features is read in their class bodies, not found by reading every module."""
+    reads, writes = _coupling_in_code(feature)
+    assert set(feature.reads) == reads
+    assert set(feature.writes) == writes
+    assert set(feature.reads) <= {f.name for f in PACKAGE_FEATURES} - {feature.name}
+
+
+def test_the_coupling_scan_finds_what_it_is_written_for():
+    """The scan itself, on what the features declare today: prompt skipping reads the policy groups' state and fast
+    generation's `generation_compile`; gradient regularization sets TRL's KL coefficient and DeepSpeed's clip."""
+    by_name = {feature.name: feature for feature in PACKAGE_FEATURES}
+    assert _coupling_in_code(by_name["prompt_skip"])[0] == {"policy_groups", "fast_generation"}
+    assert _coupling_in_code(by_name["grad_reg"])[1] == {"trainer.beta", "deepspeed clip_grad"}
+    assert _coupling_in_code(by_name["doctor"]) == (set(), set())

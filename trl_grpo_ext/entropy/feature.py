@@ -88,6 +88,8 @@ class EntropyReg(Feature):
     """
 
     name = "entropy_reg"
+    reads = ("policy_groups",)
+    writes = ("batch['advantages']",)
 
     def __init__(self, trainer):
         super().__init__(trainer)

@@ -214,6 +214,7 @@ class FastGenerationFeature(Feature):
     """
 
     name = "fast_generation"
+    writes = ("trainer.generation_config", "policy.generate")
 
     def __init__(self, trainer, fell_back: str | None = None):
         super().__init__(trainer)

@@ -78,6 +78,7 @@ class GradReg(Feature):
     """
 
     name = "grad_reg"
+    writes = ("trainer.beta", "deepspeed clip_grad")
 
     def __init__(self, trainer):
         super().__init__(trainer)

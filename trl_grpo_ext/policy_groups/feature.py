@@ -66,6 +66,8 @@ class PolicyGroups(Feature):
     """
 
     name = "policy_groups"
+    reads = ("prompt_skip",)
+    writes = ("output['advantages']", "output['policy_group_ids']")
 
     def __init__(self, trainer):
         super().__init__(trainer)

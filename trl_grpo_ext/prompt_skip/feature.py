@@ -54,6 +54,8 @@ class PromptSkip(Feature):
     """Prompt skipping in the trainer (`skip`, a `PromptSkipState`). Built when `prompt_skip` is set."""
 
     name = "prompt_skip"
+    reads = ("policy_groups", "fast_generation")
+    writes = ("output['num_items_in_batch']",)
 
     def __init__(self, trainer):
         super().__init__(trainer)
