@@ -24,13 +24,13 @@ class EntropyPI:
     PID control and integrator windup); acting on the predicted error Ĥ adds a filtered derivative term, k_p·τ·s
     with s the filtered per-step change (ch. 11, "filtering the derivative"), applied to falls only: a bonus starts
     before the entropy crosses the target when it falls fast, while a rising entropy above the target gets none and a
-    slow drift little. The band z keeps step-to-step noise from setting the look-ahead off: a real model's mean
-    entropy over a few dozen completions moves ±0.3 nats from step to step (SmolLM2-135M), which, filtered, looks like
-    a fall to 0 within 12 steps; a steady fall (each change close to the trend) keeps σ_s near 0 and the full
-    look-ahead. `horizon=0` is the plain PI controller, `band=0` the look-ahead without the band. The bonus −c·H
-    enters the loss (TRL's objective L = L_policy − c·H), so a larger c raises entropy. A key with no measurement in
-    a step keeps its state. When policy groups change, `regroup` gives each new group the state of the groups its
-    prompts came from.
+    slow drift little. The band z keeps step-to-step noise from setting the look-ahead off: only the part of a fall
+    beyond z standard errors of the entropy's own changes is projected, and a steady fall (each change close to the
+    trend) keeps σ_s near 0 and the full look-ahead (z chosen on benchmarks/entropy_target_smollm2.py, see
+    benchmarks/README.md). `horizon=0` is the plain PI controller, `band=0` the look-ahead without the band. The
+    bonus −c·H enters the loss (TRL's objective L = L_policy − c·H), so a larger c raises entropy. A key with no
+    measurement in a step keeps its state. When policy groups change, `regroup` gives each new group the state of the
+    groups its prompts came from.
 
     The target is absolute (`target` nats, every key), or relative (`target=None`, `ratio` r in (0, 1]): for each key
     r × its reference, the mean of its measured entropies over the run's first `window` optimizer steps (the model's

@@ -30,7 +30,7 @@ class FastGenerationFields:
         Generate with a static KV cache of `generation_max_prompt_length + max_completion_length` tokens and a
         compiled decode step (`torch.compile` through transformers' `CompileConfig`: inductor, with CUDA graphs
         on a GPU) instead of TRL's dynamic cache with compilation disabled. The first generation compiles (about
-        25 s for a 2-layer model on 2 CPU cores; not yet timed on a GPU); later ones reuse the graph.
+        25 s for a 2-layer model on 2 CPU cores); later ones reuse the graph.
         transformers does not compile bitsandbytes 4-bit models: with 4-bit weights, also set
         `generation_lora_merge="copy"`.
     generation_max_prompt_length (`int`, *optional*):

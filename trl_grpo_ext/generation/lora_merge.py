@@ -101,11 +101,10 @@ class InplaceMerge:
     restore is a DMA, by registering ordinary host memory with CUDA (`cudaHostRegister`, as torch's own
     `torch.cuda._pin_memory_utils` does for checkpoint staging), not by `pin_memory=True`: torch's caching host
     allocator (`ATen/core/CachingHostAllocator.h`) rounds every pinned block up to a power of two (up to
-    `pinned_max_round_threshold`, unbounded by default), which took 3.12 GiB for the 2.44 GiB of Qwen2.5-1.5B's
-    adapted layers with one block per layer, and would take 4 GiB as one block. Registered memory holds the bytes
-    stated (`backup_bytes`), is not counted by `torch.cuda.host_memory_stats`, and is unregistered when the merge is
-    dropped (`close`). If CUDA refuses the registration, the buffers stay pageable (a warning): the restore is then a
-    synchronous copy, still exact.
+    `pinned_max_round_threshold`, unbounded by default), almost twice the bytes asked for at worst. Registered memory
+    holds the bytes stated (`backup_bytes`), is not counted by `torch.cuda.host_memory_stats`, and is unregistered
+    when the merge is dropped (`close`). If CUDA refuses the registration, the buffers stay pageable (a warning): the
+    restore is then a synchronous copy, still exact.
 
     Args:
         model: a PEFT model (`PeftModel`) with LoRA on unquantized linear layers.

@@ -78,9 +78,9 @@ GradRegFields.__doc__ = GradRegFields.__doc__.replace(
     "        {GRAD_REG_MODES}", GRAD_REG_MODES.describe(" " * 8, width=115)
 )
 
-# The oldest DeepSpeed that skips a step whose gradient is NaN or infinite in fp32 and bf16 under every ZeRO stage.
-# Measured on 2 CPU processes with a NaN loss at step 2: 0.19.0-0.19.7 wrote the NaN into the weights (ZeRO-2 in fp32;
-# their ZeRO-3 checks for overflow in fp16 only), and the run died at step 3; 0.19.8 skipped the step.
+# The oldest DeepSpeed that skips a step whose gradient is NaN or infinite in fp32 and bf16 under every ZeRO stage:
+# 0.19.0-0.19.7 apply such a step under ZeRO-2 in fp32, and their ZeRO-3 checks for overflow in fp16 only
+# (docs/features/grad-reg.md gives the measurement).
 DEEPSPEED_FLOOR = "0.19.8"
 
 

@@ -81,7 +81,7 @@ class PolicyGroupFields:
         `learnability` rule: the reward deficit is measured over max(R_max − R_min, z·SE), SE the standard error of
         the difference between the highest and the lowest group's recent reward, so groups whose rewards differ by
         less than the noise get nearly equal weights instead of the rule's full swing (which noise flips from step
-        to step); 0: over the range alone (the rule before issue #31).
+        to step); 0: over the range alone, no floor.
     policy_group_loss_weighting (`bool`, *optional*, defaults to `True`):
         Multiply each completion's advantage by its group's weight, normalised to mean 1 over the batch so the
         loss scale is unchanged.

@@ -19,8 +19,8 @@ Formulas:
       difference of the highest and the lowest group's recent reward (the standard error of a difference of two
       independent means), each SE² = v·Σw² for an EMA with completion weights w of rewards of variance v. Groups
       within noise of each other then get weights near 1 alike, and a weight moves only as far as the groups'
-      difference, against its standard error, supports (issue #31: without the floor, groups alike in reward swap
-      the whole 0-to-1 deficit range from step to step).
+      difference, against its standard error, supports, not across the whole 0-to-1 deficit range with the noise
+      of groups alike in reward (the floor's origin: issue #31).
 """
 
 import torch

@@ -39,8 +39,9 @@ class PromptSkipFields:
         Also skip, from their first visit, failing prompts that were never informative (unsolvable ones, or
         ones whose answer is wrong), at a base keep probability measured on the run: the share of such prompts'
         visits that came out informative over that of the visits after an informative one. For data known to
-        hold many such prompts: it saves tokens there, but a learnable prompt that fails at first is skipped
-        too, and on a mix with noisy rewards it made more runs collapse (`benchmarks/README.md`).
+        hold many such prompts. A learnable prompt that fails at first is never informative yet either, so it is
+        skipped too, and while noisy rewards move the policy it loses its signal (benchmarks/prompt_skip_family.py,
+        `benchmarks/README.md`).
     prompt_skip_min_keep (`float`, *optional*, defaults to `0.05`):
         The lowest keep probability of any prompt (and the lowest p), so that a skipped prompt is generated for
         now and then: it may have become informative again.
@@ -57,9 +58,9 @@ class PromptSkipFields:
         row if f of its generation groups were informative. One informative generation group in the group ends
         it. The test waits for the run's first informative generation group: until then every group looks alike
         and the policy does not move, so testing would only slow the search for a first signal. 0 (the default)
-        turns it off. For data known to hold whole groups that cannot be solved: 0.2 saved most there (0.60-0.65×
-        stock TRL's tokens where prompts fail together), but a group with noisy rewards, informative from the start,
-        starts the test at once, and learnable groups that fail at first are then starved (`benchmarks/README.md`).
+        turns it off. For data known to hold whole groups that cannot be solved, e.g. 0.2 (chosen on
+        benchmarks/prompt_skip_family.py, `benchmarks/README.md`). A group with noisy rewards, informative from the
+        start, starts the test at once, and learnable groups that fail at first are then starved.
     prompt_skip_refill (`bool`, *optional*, defaults to `False`):
         Replace each skipped prompt by the next one of the draw (inside each policy group's draw when policy
         groups are on), so the generation batch keeps its size: as many tokens a step as without skipping.

@@ -201,15 +201,15 @@ def failing_group_keep(
 def prompt_keep_probability(history, rows, *, base, hopeless, best, grace, floor, groups=None, first_visit=True,
                             group_informative=0.0, tol=1e-6) -> torch.Tensor:  # fmt: skip
     """(P,) float64 the keep probability of each dataset row of `rows` (P,), from the `history` (a `PromptHistory`):
-    `streak_keep` (1 for a prompt never uninformative, or never seen; `base` and `failing` the solved and failing
-    prompts' bases, `best` the reward a solved prompt's completions all got, `grace` a failing prompt's visits that do
-    not count). With `groups` = (assignment (R,) int64 policy group ids, K groups) and `first_visit`, a prompt never
-    generated for gets `first_visit_keep` of its group's `solved_share` instead; with `group_informative` f > 0, a
-    prompt never informative (never generated for, or failing at every visit) keeps at most its group's
-    `failing_group_keep` at f, once some prompt of the run was informative (before that, every group looks alike,
-    never informative, and the policy does not move: the test would throttle all of them alike, which saves no token
-    per informative generation group found and spends more steps finding the first; with a learnable group that
-    fails at first, it left a run at one prompt a step for 60 steps)."""
+    `streak_keep` (1 for a prompt never uninformative, or never seen; `base` the solved and failing prompts' base,
+    `hopeless` that of failing prompts never informative (None: off), `best` the reward a solved prompt's completions
+    all got, `grace` a failing prompt's visits that do not count). With `groups` = (assignment (R,) int64 policy group
+    ids, K groups) and `first_visit`, a prompt never generated for gets `first_visit_keep` of its group's
+    `solved_share` instead; with `group_informative` f > 0, a prompt never informative (never generated for, or failing
+    at every visit) keeps at most its group's `failing_group_keep` at f, once some prompt of the run was informative
+    (before that, every group looks alike, never informative, and the policy does not move: the test would throttle all
+    of them alike, which saves no token per informative generation group found and spends more steps finding the
+    first)."""
     keep = streak_keep(
         history.streak[rows],
         history.value[rows],
