@@ -2,8 +2,8 @@
 
 Each feature declares its settings in its own folder (`<feature>/config.py`, a `field_checks.ConfigPart`): the fields
 with their help, their section of the class docstring, the ranges of its number fields and the rules between fields.
-`GRPOConfig` inherits the fields of every part in `FEATURE_CONFIGS`, composes its docstring from their sections, and
-checks TRL's counts and then each part.
+`GRPOConfig` names each part's fields class among its bases (`FEATURE_CONFIGS` is found from them), composes its
+docstring from their sections, and checks TRL's counts and then each part.
 """
 
 import dataclasses
@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from trl.trainer.grpo_config import GRPOConfig as TRLGRPOConfig  # TRL's class, also after register()
 
 from .doctor.config import RUN_DOCTOR_CONFIG, RunDoctorFields
-from .entropy.config import ENTROPY_REG_CONFIG, EntropyRegFields
+from .entropy.config import EntropyRegFields
+from .field_checks import config_parts
 from .generation.config import (
     FAST_GENERATION_CONFIG,
     FastGenerationFields,
@@ -22,13 +23,12 @@ from .generation.config import (
 )
 from .grad_reg.config import GRAD_REG_CONFIG, GradRegFields, check_grad_reg_engine
 from .policy_groups.config import (
-    POLICY_GROUP_CONFIG,
     PolicyGroupFields,
     policy_grouping_requested,
     stages_requested,
 )
-from .prompt_skip.config import PROMPT_SKIP_CONFIG, PromptSkipFields
-from .vllm_lora.config import VLLM_LORA_CONFIG, VLLMLoRAFields
+from .prompt_skip.config import PromptSkipFields
+from .vllm_lora.config import VLLMLoRAFields
 
 __all__ = ["FEATURE_CONFIGS", "FIELD_MODES", "FIELD_RANGES", "GRPOConfig", "RUN_DOCTOR_CONFIG", "RunDoctorFields",
            "TRLGRPOConfig", "TRL_COUNTS", "generation_levers", "own_fields", "policy_grouping_requested",
@@ -47,23 +47,10 @@ TRL_COUNTS = {
 }
 
 
-# Each feature's part of the config, in the order its fields are declared and documented (a new feature with settings
-# adds its part here).
-FEATURE_CONFIGS = (
-    POLICY_GROUP_CONFIG,
-    PROMPT_SKIP_CONFIG,
-    ENTROPY_REG_CONFIG,
-    GRAD_REG_CONFIG,
-    FAST_GENERATION_CONFIG,
-    VLLM_LORA_CONFIG,
-    RUN_DOCTOR_CONFIG,
-)
-
-
-# dataclasses collect fields from the last base to the first: TRL's fields first (`GRPOConfig("out")` still sets
-# `output_dir`), then each part's in `FEATURE_CONFIGS` order. The bases are named, not unpacked from
-# `FEATURE_CONFIGS`, so that type checkers and editors see every field (`tests/unit/test_config_fields.py` checks that
-# they are the parts' fields in reverse order).
+# Each feature's part of the config is a base: its fields class (`<feature>/config.py`, whose `ConfigPart` is found
+# from it: `field_checks.config_parts`). dataclasses collect fields from the last base to the first: TRL's fields
+# first (`GRPOConfig("out")` still sets `output_dir`), then each part's, the last-named first. The bases are named, so
+# that type checkers and editors see every field; a new feature with settings adds its fields class here.
 @dataclass
 class GRPOConfig(
     RunDoctorFields,
@@ -116,11 +103,13 @@ class GRPOConfig(
             raise ValueError(f"temperature must be > 0 (TRL samples completions), got {self.temperature}")
 
     def _check_fields(self) -> None:
-        """This package's checks (also run on a TRL config by `add_defaults`). Raises ValueError naming the field."""
-        for part in FEATURE_CONFIGS:  # each field by its type and declared range (`field_checks`), feature on or off
+        """This package's checks (also run on a TRL config by `add_defaults`), and those of the parts a subclass adds
+        as bases (`field_checks.config_parts`). Raises ValueError naming the field."""
+        parts = config_parts(type(self)) if isinstance(self, GRPOConfig) else FEATURE_CONFIGS
+        for part in parts:  # each field by its type and declared range (`field_checks`), feature on or off
             part.check_fields(self)
         GRPOConfig._check_trl_fields(self)  # named, not looked up on `self`: a TRL config has no such method
-        for part in FEATURE_CONFIGS:  # then the rules between fields, feature by feature
+        for part in parts:  # then the rules between fields, feature by feature
             for check in part.checks:
                 check(self)
 
@@ -173,6 +162,9 @@ class GRPOConfig(
         GRPOConfig._check_fields(args)  # values a script set on the TRL config itself are checked like ours
         return args
 
+
+# Each feature's part, in the order its fields are declared and documented: found from `GRPOConfig`'s bases.
+FEATURE_CONFIGS = config_parts(GRPOConfig)
 
 # TRL's docstring style: the class docstring documents each field under its feature's `> Parameters that control ...`
 # header, composed from the parts' sections (`ConfigPart.section`).

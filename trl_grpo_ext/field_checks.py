@@ -200,11 +200,23 @@ def check_declarations(fields, ranges: dict[str, Range], modes: dict[str, tuple[
         raise TypeError(f"FIELD_RANGES/FIELD_MODES declare fields GRPOConfig does not have: {unknown}")
 
 
+# Every `ConfigPart` by its fields class, recorded when the part is made (in its feature's `config.py`): a config
+# class's parts are those of the fields classes among its bases (`config_parts`).
+CONFIG_PARTS: dict[type, "ConfigPart"] = {}
+
+
+def config_parts(config_class: type) -> tuple["ConfigPart", ...]:
+    """The parts of `config_class` (`GRPOConfig`, or a user's subclass that adds a feature's fields class as a base):
+    the `ConfigPart` of each fields class in its method resolution order, in the order dataclasses collect their
+    fields (the last base first), so in the order of its docstring sections."""
+    return tuple(CONFIG_PARTS[cls] for cls in reversed(config_class.__mro__) if cls in CONFIG_PARTS)
+
+
 @dataclass(frozen=True)
 class ConfigPart:
-    """One feature's part of `GRPOConfig`, declared in the feature's folder (`<feature>/config.py`) and composed by
-    `config.py` (`FEATURE_CONFIGS`): `GRPOConfig` inherits `fields`, checks each of them by its type and declaration
-    (`check_field`), then runs `checks`.
+    """One feature's part of `GRPOConfig`, declared in the feature's folder (`<feature>/config.py`): `GRPOConfig`
+    names `fields` among its bases, and so inherits its fields, checks each of them by its type and declaration
+    (`check_field`), then runs `checks` (`config_parts` finds the part from the base).
 
     Attributes:
         fields: a dataclass mixin whose fields (each with a default and `metadata={"help": ...}`) `GRPOConfig`
@@ -228,6 +240,7 @@ class ConfigPart:
 
     def __post_init__(self):
         check_declarations(dataclasses.fields(self.fields), self.ranges, self.modes)
+        CONFIG_PARTS[self.fields] = self
 
     def section(self, indent: str = " " * 8) -> str:
         """The docstring of `fields`, dedented and then indented by `indent` (as under `Parameters:` of

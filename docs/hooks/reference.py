@@ -15,6 +15,7 @@ the tables list every field (it imports this module without MkDocs).
 """
 
 import ast
+import glob
 import inspect
 import os
 import re
@@ -38,7 +39,7 @@ def _cell(text: str) -> str:
 def config_docstring(root: str) -> str:
     """The class docstring of `trl_grpo_ext.GRPOConfig` as the package composes it when imported
     (`trl_grpo_ext/config.py`): the class's own docstring, then the `> Parameters that control ...` section of each
-    part in `FEATURE_CONFIGS` (the docstring of the fields mixin its `ConfigPart(...)` names first), all read
+    feature's part (the docstring of each fields class among `GRPOConfig`'s bases, the last-named first), all read
     statically."""
     import griffe  # the docs extra's (mkdocstrings' static analysis)
 
@@ -46,21 +47,17 @@ def config_docstring(root: str) -> str:
     config = package["config"]
     if config["GRPOConfig"].docstring is None:
         raise PluginError("trl_grpo_ext.GRPOConfig has no docstring that static analysis can read")
-    parts = config["FEATURE_CONFIGS"].value
     sections = []
-    for element in getattr(parts, "elements", ()):
-        part = config[str(element)]
-        part = part.final_target if part.is_alias else part  # imported from the feature's config.py
-        call = part.value
-        arguments = getattr(call, "arguments", None)
-        if not arguments:
-            raise PluginError(f"config.FEATURE_CONFIGS: {element} is not a ConfigPart(<fields>, ...) call")
-        fields = part.parent[str(arguments[0])]
+    for base in reversed(config["GRPOConfig"].bases):  # dataclasses' order: the last-named base's fields first
+        if str(base) == "TRLGRPOConfig":
+            continue
+        fields = config[str(base)]
+        fields = fields.final_target if fields.is_alias else fields  # imported from the feature's config.py
         if fields.docstring is None:
             raise PluginError(f"{fields.path} (a part of GRPOConfig) has no docstring section")
         sections.append(textwrap.indent(fields.docstring.value, " " * 8))
     if not sections:
-        raise PluginError("config.FEATURE_CONFIGS: no part found by static analysis")
+        raise PluginError("GRPOConfig: no fields class found among its bases by static analysis")
     base = textwrap.indent(config["GRPOConfig"].docstring.value, " " * 4)
     return "\n" + base + "\n" + "\n\n".join(sections) + "\n    "
 
@@ -228,3 +225,31 @@ def on_page_markdown(markdown, page, config, files):
     docstring = fill_placeholders(config_docstring(root), root)
     markdown = markdown.replace(CONFIG_MARKER, config_tables(docstring))
     return markdown.replace(SCRIPT_MARKER, script_table(root, os.path.join(root, "recipes", "math_gsm8k.py")))
+
+
+def feature_pages(nav: list, docs_dir: str) -> list:
+    """`nav` with every page of `docs/features/` that its "Features" section does not list added at the section's
+    end, titled by the page's first heading: a new feature's page needs no line in `mkdocs.yml`. Returns `nav`.
+
+    Raises:
+        PluginError: `nav` has no "Features" section, or a page there has no `# ` heading.
+    """
+    section = next((item["Features"] for item in nav if isinstance(item, dict) and "Features" in item), None)
+    if section is None:
+        raise PluginError('mkdocs.yml: the nav has no "Features" section')
+    listed = {path for item in section for path in item.values()}
+    for path in sorted(glob.glob(os.path.join(docs_dir, "features", "*.md"))):
+        page = f"features/{os.path.basename(path)}"
+        if page in listed:
+            continue
+        with open(path, encoding="utf-8") as handle:
+            title = next((line[2:].strip() for line in handle if line.startswith("# ")), None)
+        if title is None:
+            raise PluginError(f"docs/{page} has no '# ' heading to title it in the nav")
+        section.append({title: page})
+    return nav
+
+
+def on_config(config):
+    config["nav"] = feature_pages(config["nav"], config["docs_dir"])
+    return config

@@ -7,6 +7,7 @@ import dataclasses
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from trl_grpo_ext.config import FEATURE_CONFIGS
 from trl_grpo_ext.entropy import bonus
 from trl_grpo_ext.entropy.modes import ENTROPY_REG_MODES, EntropyMode
 from trl_grpo_ext.feature_api import FEATURE_CLASSES, POINTS, Feature, Registry, Regroup
+from trl_grpo_ext.field_checks import ConfigPart, Range, config_parts
 from trl_grpo_ext.grad_reg.modes import GRAD_REG_MODES, GradRegMode
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
 from trl_grpo_ext.trainer import FEATURES, PACKAGE_FEATURES, STEP, step_features
@@ -111,6 +113,87 @@ def test_a_new_feature_is_its_folder_and_its_line_in_step(tmp_path, tiny_model_d
     trainer.train()
     assert list(trainer.features) == ["step_counter"]  # every feature of the package is off
     assert trainer.features["step_counter"].seen == [0, 0, 1, 1]
+    assert trainer.state.global_step == 2
+
+
+@dataclass
+class RewardScaleFields:
+    """
+    > Parameters that control the reward scale (a test feature)
+
+    reward_scale (`float`, *optional*, defaults to `1.0`):
+        Factor on every advantage.
+    reward_scale_from_step (`int`, *optional*, defaults to `0`):
+        First global step at which the factor applies.
+    """
+
+    reward_scale: float = dataclasses.field(default=1.0, metadata={"help": "Factor on every advantage."})
+    reward_scale_from_step: int = dataclasses.field(
+        default=0, metadata={"help": "First global step at which the factor applies."}
+    )
+
+
+def _check_reward_scale(args) -> None:
+    if args.reward_scale != 1.0 and args.beta != 0.0:
+        raise ValueError(f"reward_scale={args.reward_scale} needs beta=0.0, got beta={args.beta}")
+
+
+REWARD_SCALE_CONFIG = ConfigPart(
+    RewardScaleFields,
+    ranges={"reward_scale": Range(0.0, 10.0, low_open=True), "reward_scale_from_step": Range(0)},
+    checks=(_check_reward_scale,),
+)
+
+
+@dataclass
+class RewardScaleConfig(RewardScaleFields, GRPOConfig):
+    """`GRPOConfig` with the test feature's settings: outside the package, a feature's fields class is a base of a
+    subclass (in the package, a base of `GRPOConfig` itself)."""
+
+
+class RewardScale(Feature):
+    """A feature with two settings for `test_a_new_feature_with_settings_is_its_folder_and_its_lines_in_step`:
+    multiplies the advantages of the generation batches drawn from `reward_scale_from_step` on by `reward_scale`."""
+
+    name = "reward_scale"
+    writes = ("output['advantages']",)
+
+    @classmethod
+    def build(cls, trainer) -> "RewardScale | None":
+        return cls(trainer) if getattr(trainer.args, "reward_scale", 1.0) != 1.0 else None
+
+    def __init__(self, trainer):
+        super().__init__(trainer)
+        self.scaled: list[int] = []
+
+    def advantages(self, output: dict) -> None:
+        if self.trainer.state.global_step >= self.trainer.args.reward_scale_from_step:
+            output["advantages"] = output["advantages"] * self.trainer.args.reward_scale
+            self.scaled.append(self.trainer.state.global_step)
+
+
+def test_a_new_feature_with_settings_is_its_folder_and_its_lines_in_step(tmp_path, tiny_model_dir):
+    """A feature with two settings, added as `docs/adding-a-feature.md` says: its fields class and `ConfigPart`
+    (ranges, a rule between fields), its `Feature`, and its line in `STEP`. The config checks its fields by their
+    declared ranges and rule and reads strings as TrlParser does, and the trainer builds the feature and calls it at
+    its point, from the step its setting names."""
+    assert config_parts(RewardScaleConfig)[-1] is REWARD_SCALE_CONFIG  # found from the base, no list to edit
+    kwargs = small_grpo_kwargs(tmp_path, max_steps=2, beta=0.0)
+    with pytest.raises(ValueError, match=r"reward_scale must be a finite number in \(0, 10\], got 0.0"):
+        RewardScaleConfig(**kwargs, reward_scale=0.0)
+    with pytest.raises(ValueError, match=r"reward_scale_from_step must be an integer >= 0, got -1"):
+        RewardScaleConfig(**kwargs, reward_scale=2.0, reward_scale_from_step=-1)
+    with pytest.raises(ValueError, match=r"reward_scale=2.0 needs beta=0.0, got beta=0.04"):
+        RewardScaleConfig(**{**kwargs, "beta": 0.04}, reward_scale=2.0)
+    args = RewardScaleConfig(**kwargs, reward_scale="2.5", reward_scale_from_step="1")  # read as TrlParser reads it
+    assert (args.reward_scale, args.reward_scale_from_step) == (2.5, 1)
+    dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(16, seed=0)))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(STEP, "advantages", (*STEP["advantages"], "reward_scale"))
+        trainer = GRPOTrainer(tiny_model_dir, length_reward, args, dataset)
+        trainer.train()
+    assert list(trainer.features) == ["reward_scale"]
+    assert trainer.features["reward_scale"].scaled == [1]  # the generation batch of step 1 only
     assert trainer.state.global_step == 2
 
 

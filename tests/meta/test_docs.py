@@ -93,3 +93,18 @@ def test_the_readme_stays_short_and_keeps_its_two_commands():
     assert len(readme.splitlines()) < 250
     assert "make demo   # set up, then train a tiny model built locally on the CPU demo" in readme
     assert "make test   # set up, then run the test suite" in readme
+
+
+def test_a_feature_page_needs_no_line_in_the_nav(reference, tmp_path):
+    """Issue #61: a page in docs/features/ that mkdocs.yml's "Features" section does not list is added at its end,
+    titled by its first heading (`feature_pages`, the docs hook's `on_config`); listed pages stay as they are."""
+    (tmp_path / "features").mkdir()
+    (tmp_path / "features" / "a.md").write_text("# Feature A\n")
+    (tmp_path / "features" / "new.md").write_text("Intro\n# Reward scale\n\ntext\n")
+    nav = [{"Home": "index.md"}, {"Features": [{"A, by hand": "features/a.md"}]}]
+    assert reference.feature_pages(nav, str(tmp_path))[1] == {
+        "Features": [{"A, by hand": "features/a.md"}, {"Reward scale": "features/new.md"}]
+    }
+    (tmp_path / "features" / "untitled.md").write_text("no heading\n")
+    with pytest.raises(Exception, match="untitled.md has no '# ' heading"):
+        reference.feature_pages(nav, str(tmp_path))

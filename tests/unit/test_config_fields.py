@@ -4,6 +4,7 @@ a `ValueError` naming the field, the value and what is allowed; the edge values 
 
 The expectations below are written out by hand for each field (not derived from the declarations they check)."""
 
+import dataclasses
 import json
 import math
 import re
@@ -17,6 +18,7 @@ import pytest
 from tests.conftest import REPO_ROOT, small_grpo_kwargs
 from trl_grpo_ext import GRPOConfig
 from trl_grpo_ext.config import FEATURE_CONFIGS, TRLGRPOConfig, own_fields
+from trl_grpo_ext.field_checks import allowed, check_field
 
 # the nine values, by name
 WRONG = {
@@ -121,9 +123,47 @@ def _config(tmp_path, **fields) -> GRPOConfig:
 
 
 def test_the_table_covers_every_field_of_this_package():
-    """A new field must get a row here (and so its wrong values tried)."""
-    assert sorted(FIELDS) == sorted(f.name for f in own_fields())
+    """Each row of the table names a field of this package, and each field of the package when the table was last
+    written has a row; a new field needs none: `test_every_declared_range_is_enforced_at_its_edges` tries it from
+    its declaration (issue #61: a feature is its folder plus its lines in `STEP`)."""
+    assert set(FIELDS) <= {f.name for f in own_fields()}
     assert len(CASES) == 9 * len(FIELDS)
+
+
+def _edges(spec, integer: bool) -> list[tuple[float, bool]]:
+    """(value, accepted) at and just beyond each finite end of `spec` (a `field_checks.Range`): an integer field's
+    least value and the one below it; a number field's ends (accepted unless open) and a value just outside each."""
+    if integer:
+        return [(spec.low, True), (spec.low - 1, False)] if spec.low is not None else []
+    edges = []
+    for end, is_open, outward in ((spec.low, spec.low_open, -1), (spec.high, spec.high_open, 1)):
+        if end is not None:
+            edges += [(end, not is_open), (end + outward * max(abs(end), 1.0) * 1e-6, False)]
+    return edges
+
+
+@pytest.mark.parametrize("part", FEATURE_CONFIGS, ids=[part.fields.__name__ for part in FEATURE_CONFIGS])
+def test_every_declared_range_is_enforced_at_its_edges(tmp_path, part):
+    """Every number field of every part (`GRPOConfig`'s bases), from its declared `Range` alone: each finite end is
+    taken (`field_checks.check_field`) unless open, and a config holding a value just beyond it is refused before
+    anything loads, with "<field> must be <what it allows>, got <value>"."""
+    tried = 0
+    for f in dataclasses.fields(part.fields):
+        spec = part.ranges.get(f.name)
+        if spec is None:
+            continue
+        annotation = part.fields.__annotations__[f.name]
+        integer = allowed(annotation, spec, None).startswith("an integer")
+        for value, accepted in _edges(spec, integer):
+            value = int(value) if integer else float(value)
+            if accepted:
+                assert check_field(f.name, value, annotation, spec) == value
+                continue
+            with pytest.raises(ValueError) as error:
+                _config(tmp_path, **{f.name: value})
+            assert str(error.value) == f"{f.name} must be {allowed(annotation, spec, None)}, got {value!r}"
+            tried += 1
+    assert tried >= len(part.ranges)  # every declared range has an end
 
 
 @pytest.mark.parametrize(("name", "label"), CASES, ids=[f"{n}={label}" for n, label in CASES])

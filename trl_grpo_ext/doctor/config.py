@@ -33,5 +33,5 @@ class RunDoctorFields:
     )
 
 
-# The run doctor's part of `GRPOConfig` (composed by `config.FEATURE_CONFIGS`).
+# The run doctor's part of `GRPOConfig` (found from its base `RunDoctorFields`: `field_checks.config_parts`).
 RUN_DOCTOR_CONFIG = ConfigPart(RunDoctorFields)
