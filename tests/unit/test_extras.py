@@ -90,3 +90,16 @@ def test_an_import_error_of_another_package_passes_unchanged():
     with pytest.raises(ModuleNotFoundError) as raised, needs_extra("a test"):
         import trl_grpo_ext_no_such_module  # noqa: F401
     assert not isinstance(raised.value, MissingDependencyError)
+
+
+def test_the_command_and_the_trainer_need_no_extra():
+    """The core install (none of the extras' packages) imports the trainer and runs the `trl-grpo-ext` command: its
+    error handling and the tiny model read GSM8K's data format but not its reward functions."""
+    hide = "; ".join(f"sys.modules[{module!r}] = None" for module in EXTRAS)
+    code = (f"import sys; {hide}\n"
+            "import trl_grpo_ext.trainer, trl_grpo_ext.cli.tiny_model\n"
+            "from trl_grpo_ext.cli import main\n"
+            "raise SystemExit(main(['--help']))\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "tiny-model" in done.stdout

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
+from trl_grpo_ext.gsm8k.data import gold_answer_from_solution
 from trl_grpo_ext.gsm8k.rewards import (
     REWARD_FUNCS,
     answer_is_correct,
     extract_final_answer,
-    gold_answer_from_solution,
     gsm8k_accuracy,
     gsm8k_format,
     gsm8k_strict_accuracy,

@@ -10,13 +10,15 @@ import logging
 import math
 import os
 import random
+import re
 from pathlib import Path
 
 from datasets import Dataset
 
-from .rewards import gold_answer_from_solution
-
 logger = logging.getLogger(__name__)
+
+# GSM8K's final-answer line: "#### <answer>" (arXiv:2110.14168)
+_GOLD_LINE = re.compile(r"^####[ \t]*(.*?)[ \t]*$", re.MULTILINE)
 
 HUB_DATASET = "openai/gsm8k"
 HUB_CONFIG = "main"
@@ -205,3 +207,21 @@ def gsm8k_difficulty(solution: str) -> str:
             return GSM8K_DIFFICULTY_NAMES[min(max(steps, 2), 5) - 2]
         steps += bool(line.strip())
     raise ValueError(f"not a GSM8K solution (no '#### answer' line): {solution[-80:]!r}")
+
+
+def gold_answer_from_solution(solution: str) -> str | None:
+    """The final answer of a GSM8K solution: the text after the last ``#### `` line, commas and "$" removed.
+
+    Example: "...\\n#### 1,234" -> "1234"; "#### -3" -> "-3"; "#### $18" -> "18".
+
+    Args:
+        solution: GSM8K's ``answer`` field (arXiv:2110.14168).
+
+    Returns:
+        The answer string, or None when there is no non-empty ``####`` line (or ``solution`` is not a string).
+    """
+    if not isinstance(solution, str):
+        return None
+    lines = _GOLD_LINE.findall(solution)
+    gold = lines[-1].replace(",", "").replace("$", "").strip() if lines else ""
+    return gold or None

@@ -153,7 +153,6 @@ _HEDGE_WORD = re.compile(
 # 42", "so 42 < x", "42 or more"); `_running_text` writes every relation command as "\u2260", which survives it.
 _HEDGE_BEFORE = re.compile(rf"(?:[{_RELATION_CHARS}]|!=|\b(?:not|never|except|{_HEDGES}))[\s$*]*$", re.IGNORECASE)
 _HEDGE_AFTER = re.compile(rf"[\s$*]*(?:[{_RELATION_CHARS}]|!=|or\s+(?:more|less|fewer|so)\b)", re.IGNORECASE)
-_GOLD_LINE = re.compile(r"^####[ \t]*(.*?)[ \t]*$", re.MULTILINE)
 # One value (issue #58). In running text (after `_running_text`) and around a box: a number, then words or marks that
 # join alternatives, then the answer ("41 or 42", "41, 42, or 43", "between 41 and 43", "x = 41, y = 42"); or the
 # answer, then such a joint and another number. Searched within `_JOIN_WINDOW` characters, so in constant time.
@@ -531,24 +530,6 @@ def _same_answer(first: str, second: str) -> bool:
         return bool(verify(parsed[0], parsed[1], timeout_seconds=None))
     except (Exception, TimeoutException):
         return False
-
-
-def gold_answer_from_solution(solution: str) -> str | None:
-    """The final answer of a GSM8K solution: the text after the last ``#### `` line, commas and "$" removed.
-
-    Example: "...\\n#### 1,234" -> "1234"; "#### -3" -> "-3"; "#### $18" -> "18".
-
-    Args:
-        solution: GSM8K's ``answer`` field (arXiv:2110.14168).
-
-    Returns:
-        The answer string, or None when there is no non-empty ``####`` line (or ``solution`` is not a string).
-    """
-    if not isinstance(solution, str):
-        return None
-    lines = _GOLD_LINE.findall(solution)
-    gold = lines[-1].replace(",", "").replace("$", "").strip() if lines else ""
-    return gold or None
 
 
 def _accuracy(completions: list, answer: list[str], strict: bool) -> list[float]:
