@@ -26,6 +26,7 @@ import os
 import sys
 
 from trl_grpo_ext.cli import errors
+from trl_grpo_ext.error_reports import MissingDependencyError
 
 if __name__ == "__main__":  # before TRL's imports, which log bitsandbytes' CPU-kernel line
     errors.quiet_script_start()
@@ -35,14 +36,18 @@ from dataclasses import dataclass, field
 from transformers import HfArgumentParser, set_seed
 
 from trl_grpo_ext.gsm8k.data import load_gsm8k
-from trl_grpo_ext.gsm8k.evaluation import (
-    collapse_warning,
-    evaluate_gsm8k,
-    format_table,
-    load_model_for_eval,
-    run_chat_template_kwargs,
-    write_results,
-)
+
+try:  # the GSM8K task's reward functions are the `gsm8k` extra (math-verify): one line, not a traceback
+    from trl_grpo_ext.gsm8k.evaluation import (
+        collapse_warning,
+        evaluate_gsm8k,
+        format_table,
+        load_model_for_eval,
+        run_chat_template_kwargs,
+        write_results,
+    )
+except MissingDependencyError as error:
+    raise SystemExit(f"eval_gsm8k.py: error: {error}") from None
 
 
 @dataclass

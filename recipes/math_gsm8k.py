@@ -37,6 +37,7 @@ import signal
 import sys
 
 from trl_grpo_ext.cli import errors
+from trl_grpo_ext.error_reports import MissingDependencyError
 
 if __name__ == "__main__":  # before TRL's imports, which log bitsandbytes' CPU-kernel line
     errors.quiet_script_start()
@@ -57,14 +58,18 @@ from trl_grpo_ext.config import own_fields
 from trl_grpo_ext.consumer_gpu import presets
 from trl_grpo_ext.generation.checks import model_setting_problem
 from trl_grpo_ext.gsm8k.data import load_gsm8k, synthetic_gsm8k, to_grpo_rows
-from trl_grpo_ext.gsm8k.evaluation import (
-    collapse_warning,
-    evaluate_gsm8k,
-    format_table,
-    save_chat_template_kwargs,
-    write_results,
-)
-from trl_grpo_ext.gsm8k.rewards import REWARD_FUNCS
+
+try:  # the GSM8K task's reward functions are the `gsm8k` extra (math-verify): one line, not a traceback
+    from trl_grpo_ext.gsm8k.evaluation import (
+        collapse_warning,
+        evaluate_gsm8k,
+        format_table,
+        save_chat_template_kwargs,
+        write_results,
+    )
+    from trl_grpo_ext.gsm8k.rewards import REWARD_FUNCS
+except MissingDependencyError as error:
+    raise SystemExit(f"math_gsm8k.py: error: {error}") from None
 from trl_grpo_ext.reporting.callbacks import MetricsTableCallback
 from trl_grpo_ext.resume import last_complete_checkpoint
 

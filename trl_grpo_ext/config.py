@@ -102,10 +102,11 @@ class GRPOConfig(
         if self.temperature is not None and not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 (TRL samples completions), got {self.temperature}")
 
-    def _check_fields(self) -> None:
+    def _check_fields(self, parts=None) -> None:
         """This package's checks (also run on a TRL config by `add_defaults`), and those of the parts a subclass adds
-        as bases (`field_checks.config_parts`). Raises ValueError naming the field."""
-        parts = config_parts(type(self)) if isinstance(self, GRPOConfig) else FEATURE_CONFIGS
+        as bases: `parts`, by default those of `self`'s class (`field_checks.config_parts`). Raises ValueError naming
+        the field."""
+        parts = parts if parts is not None else config_parts(type(self))
         for part in parts:  # each field by its type and declared range (`field_checks`), feature on or off
             part.check_fields(self)
         GRPOConfig._check_trl_fields(self)  # named, not looked up on `self`: a TRL config has no such method
@@ -159,7 +160,7 @@ class GRPOConfig(
             if not hasattr(args, f.name):
                 default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
                 setattr(args, f.name, default)
-        GRPOConfig._check_fields(args)  # values a script set on the TRL config itself are checked like ours
+        GRPOConfig._check_fields(args, config_parts(cls))  # values a script set on the TRL config: checked too
         return args
 
 

@@ -181,16 +181,19 @@ def mode_list(name: str, value, choices: tuple[str, ...]) -> list[str]:
     return modes
 
 
-def check_declarations(fields, ranges: dict[str, Range], modes: dict[str, tuple[str, ...]]) -> None:
+def check_declarations(fields, ranges: dict[str, Range], modes: dict[str, tuple[str, ...]], hints=None) -> None:
     """Every int or float field has a declared `Range`, every list field its modes, and nothing is declared for a
-    field that does not exist: checked when `config` is imported, so a new field cannot go unchecked.
+    field that does not exist: checked when `config` is imported, so a new field cannot go unchecked. `hints`: each
+    field's annotation resolved (`typing.get_type_hints`: also string annotations, `from __future__ import
+    annotations`); without it, each field's `type`.
 
     Raises:
         TypeError: naming the field that lacks a declaration, or the declaration that names no field.
     """
     names = {f.name for f in fields}
     for f in fields:
-        base, _ = _kind(f.type)  # at import, before any HfArgumentParser has rewritten an Optional field's type
+        annotation = hints[f.name] if hints else f.type  # f.type: at import, before HfArgumentParser rewrites it
+        base, _ = _kind(annotation)
         if base in (int, float) and f.name not in ranges:
             raise TypeError(f"GRPOConfig field {f.name!r} ({f.type}) has no declared range in FIELD_RANGES")
         if base is list and f.name not in modes:
@@ -239,8 +242,14 @@ class ConfigPart:
     checks: tuple[Callable[[typing.Any], None], ...] = ()
 
     def __post_init__(self):
-        check_declarations(dataclasses.fields(self.fields), self.ranges, self.modes)
+        check_declarations(dataclasses.fields(self.fields), self.ranges, self.modes, self.hints())
         CONFIG_PARTS[self.fields] = self
+
+    def hints(self) -> dict:
+        """Each field's annotation, resolved (`typing.get_type_hints`), so that a fields class written with
+        `from __future__ import annotations` (strings) or inheriting fields is read as one with plain annotations;
+        not `Field.type`, which HfArgumentParser rewrites in place."""
+        return typing.get_type_hints(self.fields)
 
     def section(self, indent: str = " " * 8) -> str:
         """The docstring of `fields`, dedented and then indented by `indent` (as under `Parameters:` of
@@ -250,8 +259,9 @@ class ConfigPart:
     def check_fields(self, args) -> None:
         """Each field of `fields` on `args` checked by its type and declaration, and replaced by its converted value
         (`check_field`). Raises ValueError naming the field."""
+        hints = self.hints()
         for f in dataclasses.fields(self.fields):
             choices = f.metadata.get("choices") or self.modes.get(f.name)
-            annotation = self.fields.__annotations__[f.name]  # not f.type: HfArgumentParser rewrites that in place
+            annotation = hints[f.name]
             value = check_field(f.name, getattr(args, f.name), annotation, self.ranges.get(f.name), choices)
             setattr(args, f.name, value)

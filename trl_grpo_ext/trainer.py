@@ -177,7 +177,7 @@ class GRPOTrainer(TRLContact):
     every log for the known ways a run wastes its steps, each finding warned once with the setting to change; the
     generation and scoring times and the CUDA memory logged for it. Training is unchanged.
 
-    The features that are on are in `self.features` (name -> `features.Feature`, built in the order `STEP` first
+    The features that are on are in `self.features` (name -> `feature_api.Feature`, built in the order `STEP` first
     names them); each acts at the points of a step that `STEP` lists for it, called by this class's hooks and nowhere
     else.
 

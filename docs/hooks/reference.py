@@ -142,8 +142,10 @@ def config_tables(docstring: str) -> str:
 
 def _module_constant(root: str, tree: ast.Module, name: str):
     """The value of the module-level constant `name` of `tree`, or of the `trl_grpo_ext` module it is imported from:
-    a literal, or a dict's keys (a registry of functions by name)."""
-    for node in tree.body:
+    a literal, or a dict's keys (a registry of functions by name). Imports inside a top-level `try` count (the
+    recipes import the GSM8K task's names there, to name its extra when it is missing)."""
+    nodes = [inner for node in tree.body for inner in (node.body if isinstance(node, ast.Try) else [node])]
+    for node in nodes:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("trl_grpo_ext"):
             if any((alias.asname or alias.name) == name for alias in node.names):
                 path = os.path.join(root, *node.module.split("."))

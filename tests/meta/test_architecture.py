@@ -433,13 +433,22 @@ def _coupling_in_code(feature: type[Feature]) -> tuple[set[str], set[str]]:
     code: reads of another feature's state through the trainer (`trainer.policy_groups`) or of a field of another
     feature's config part (`args.generation_compile`); writes of the trainer's attributes (`trainer.beta = ...`,
     also `trainer.generation_config.x = ...`), of a `generate` method, of string keys of TRL's dicts in `feature.py`
-    (`output["policy_group_ids"] = ...`), and of a DeepSpeed engine's clip (`set_deepspeed_clip`)."""
+    (`output["policy_group_ids"] = ...`, or through a module constant holding the key), and of a DeepSpeed engine's
+    clip (`set_deepspeed_clip`). A string that is exactly another feature's field name counts as a read of that
+    feature's settings (`getattr(args, name)`)."""
     folders = {_feature_folder(f).name: f.name for f in PACKAGE_FEATURES}
     owners = {field.name: folders[part.fields.__module__.split(".")[1]]
               for part in FEATURE_CONFIGS for field in dataclasses.fields(part.fields)}  # fmt: skip
     reads, writes = set(), set()
     for path in sorted(_feature_folder(feature).glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        names = {target.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                 and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+                 for target in node.targets if isinstance(target, ast.Name)}  # fmt: skip
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and owners.get(node.value, feature.name) != feature.name):  # fmt: skip
+                reads.add(owners[node.value])  # a field named as a string: getattr(args, name)
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
                 base = ast.unparse(node.value)
                 if base.endswith("trainer") and node.attr in STATE_PROPERTIES:
@@ -456,10 +465,16 @@ def _coupling_in_code(feature: type[Feature]) -> tuple[set[str], set[str]]:
                         writes.add(f"trainer.{chain[chain.index('trainer') + 1]}")
                     elif target.attr == "generate":
                         writes.add(f"{chain[-2]}.generate")
-                elif (isinstance(target, ast.Subscript) and path.name == "feature.py"
-                      and isinstance(target.value, ast.Name) and target.value.id in ("output", "batch", "inputs")
-                      and isinstance(target.slice, ast.Constant) and isinstance(target.slice.value, str)):  # fmt: skip
-                    writes.add(f"{target.value.id}[{target.slice.value!r}]")
+                elif (
+                    isinstance(target, ast.Subscript)
+                    and path.name == "feature.py"
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id in ("output", "batch", "inputs")
+                ):
+                    key = target.slice  # a string, or a module constant that holds one (`SCORED`)
+                    key = key.value if isinstance(key, ast.Constant) else names.get(getattr(key, "id", None))
+                    if isinstance(key, str):
+                        writes.add(f"{target.value.id}[{key!r}]")
     return reads, writes
 
 
@@ -480,4 +495,5 @@ def test_the_coupling_scan_finds_what_it_is_written_for():
     by_name = {feature.name: feature for feature in PACKAGE_FEATURES}
     assert _coupling_in_code(by_name["prompt_skip"])[0] == {"policy_groups", "fast_generation"}
     assert _coupling_in_code(by_name["grad_reg"])[1] == {"trainer.beta", "deepspeed clip_grad"}
-    assert _coupling_in_code(by_name["doctor"]) == (set(), set())
+    assert _coupling_in_code(by_name["doctor"]) == ({"fast_generation"}, set())  # its SETTINGS, by name
+    assert "output['completion_scored']" in _coupling_in_code(by_name["entropy_reg"])[1]  # through a constant

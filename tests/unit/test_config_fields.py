@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import REPO_ROOT, small_grpo_kwargs
 from trl_grpo_ext import GRPOConfig
 from trl_grpo_ext.config import FEATURE_CONFIGS, TRLGRPOConfig, own_fields
-from trl_grpo_ext.field_checks import allowed, check_field
+from trl_grpo_ext.field_checks import ConfigPart, Range, allowed, check_field
 
 # the nine values, by name
 WRONG = {
@@ -152,7 +152,7 @@ def test_every_declared_range_is_enforced_at_its_edges(tmp_path, part):
         spec = part.ranges.get(f.name)
         if spec is None:
             continue
-        annotation = part.fields.__annotations__[f.name]
+        annotation = part.hints()[f.name]
         integer = allowed(annotation, spec, None).startswith("an integer")
         for value, accepted in _edges(spec, integer):
             value = int(value) if integer else float(value)
@@ -390,3 +390,43 @@ def test_a_type_checker_reports_a_misspelt_and_a_wrong_typed_field(tmp_path):
     assert [(line, rule) for line, rule, _ in found] == [(3, "reportCallIssue"), (4, "reportArgumentType")], found
     assert 'No parameter named "policy_group_colum"' in found[0][2]
     assert '"policy_group_weight_max" of type "float"' in found[1][2]
+
+
+@dataclasses.dataclass
+class _StringAnnotated:
+    """
+    > Parameters that control a test part written with `from __future__ import annotations` (string annotations)
+
+    my_scale (`float`, *optional*, defaults to `1.0`):
+        A factor.
+    """
+
+    my_scale: "float" = dataclasses.field(default=1.0, metadata={"help": "A factor."})
+
+
+_STRING_PART = ConfigPart(_StringAnnotated, ranges={"my_scale": Range(0.0, 10.0, low_open=True)})
+
+
+@dataclasses.dataclass
+class _StringConfig(_StringAnnotated, GRPOConfig):
+    pass
+
+
+def test_a_part_with_string_annotations_is_checked_by_its_types_on_every_path(tmp_path):
+    """A user's fields class with string annotations (`from __future__ import annotations`) added as a base of a
+    `GRPOConfig` subclass: its default and a string from the command line are taken, an out-of-range value refused,
+    by the constructor and by `add_defaults` on a TRL config alike."""
+    assert _config_class(tmp_path, _StringConfig).my_scale == 1.0
+    assert _config_class(tmp_path, _StringConfig, my_scale="2.5").my_scale == 2.5
+    with pytest.raises(ValueError, match=r"my_scale must be a finite number in \(0, 10\], got 0.0"):
+        _config_class(tmp_path, _StringConfig, my_scale=0.0)
+    trl_args = TRLGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
+    trl_args.my_scale = 0.0
+    with pytest.raises(ValueError, match=r"my_scale must be a finite number in \(0, 10\], got 0.0"):
+        _StringConfig.add_defaults(trl_args)
+    fresh = TRLGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
+    assert _StringConfig.add_defaults(fresh).my_scale == 1.0
+
+
+def _config_class(tmp_path, config_class, **fields):
+    return config_class(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", **fields)

@@ -4,6 +4,7 @@ with one line naming the extra (`error_reports.needs_extra`), and a training run
 warning instead of failing a finished run. Each test hides the package as an uninstalled one is (`sys.modules[name] =
 None` makes its import raise `ModuleNotFoundError`), in a fresh process where the import must run again."""
 
+import json
 import logging
 import subprocess
 import sys
@@ -81,7 +82,8 @@ def test_a_finished_run_without_matplotlib_keeps_its_log_and_warns(tmp_path, mon
 
 def test_qlora_without_bitsandbytes_is_refused_before_loading(monkeypatch):
     monkeypatch.setattr(optional_dependencies, "is_installed", lambda package: package != "bitsandbytes")
-    with pytest.raises(MissingDependencyError, match=r"load_in_4bit=True \(QLoRA\) needs the package 'bitsandbytes'"):
+    refused = r"load_in_4bit or load_in_8bit \(QLoRA\) needs the package 'bitsandbytes'"
+    with pytest.raises(MissingDependencyError, match=refused):
         optional_dependencies.check_optional_dependencies(load_in_4bit=True)
     optional_dependencies.check_optional_dependencies(use_vllm=False, load_in_4bit=False)
 
@@ -103,3 +105,58 @@ def test_the_command_and_the_trainer_need_no_extra():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "tiny-model" in done.stdout
+
+
+@pytest.mark.parametrize("recipe", ["math_gsm8k.py", "eval_gsm8k.py"])
+def test_a_gsm8k_recipe_without_math_verify_stops_with_one_line(recipe):
+    """The GSM8K recipes, even for `--help`, name the `gsm8k` extra in one line when math-verify is missing."""
+    done = _run_without(
+        "math_verify",
+        f"import runpy, sys; sys.argv = [{recipe!r}, '--help']\n"
+        f"runpy.run_path('recipes/{recipe}', run_name='__main__')\n",
+    )
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert lines[-1] == (
+        f"{recipe}: error: the GSM8K reward functions (trl_grpo_ext.gsm8k) needs math-verify, which is not "
+        "installed: pip install 'trl-grpo-ext[gsm8k]'"
+    )
+
+
+def test_the_grpo_command_refuses_4bit_without_bitsandbytes_before_loading(tmp_path, monkeypatch, capsys):
+    """`trl-grpo-ext grpo --load_in_4bit true` without bitsandbytes: one line naming the `qlora` extra, before TRL's
+    script loads the dataset or the model (both paths exist but are not models or data)."""
+    from trl_grpo_ext import cli
+
+    monkeypatch.setattr(optional_dependencies, "is_installed", lambda package: package != "bitsandbytes")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "data.jsonl").write_text('{"prompt": "1+1?"}\n')
+    argv = ["grpo", "--model_name_or_path", str(tmp_path / "model"), "--dataset_name", str(tmp_path / "data.jsonl"),
+            "--output_dir", str(tmp_path / "out"), "--load_in_4bit", "true", "--use_peft", "true",
+            "--use_cpu", "true", "--bf16", "false"]  # fmt: skip
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "trl-grpo-ext grpo: error: load_in_4bit or load_in_8bit (QLoRA) needs the package 'bitsandbytes', which is "
+        "not installed: pip install 'trl-grpo-ext[qlora]' (run with --debug for the traceback)"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_doctor_command_without_matplotlib_prints_its_report_and_skips_the_picture(tmp_path, monkeypatch, capsys):
+    """The run doctor's report needs no extra; its dashboard does: without matplotlib the command prints the report,
+    one line for the missing picture, and succeeds."""
+    from trl_grpo_ext import cli
+
+    rows = [{"step": step, "reward": 0.5, "reward_std": 0.2, "loss": 0.1} for step in range(1, 31)]
+    (tmp_path / "training_metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert cli.main(["doctor", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "30 logged training steps" in out
+    assert out.strip().splitlines()[-1] == (
+        "No dashboard: the run doctor's dashboard needs matplotlib, which is not installed: "
+        "pip install 'trl-grpo-ext[doctor]'"
+    )
+    assert not (tmp_path / "doctor.png").exists()

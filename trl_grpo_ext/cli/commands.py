@@ -43,6 +43,11 @@ def _grpo(argv: list[str]) -> int:
     errors.check_model_path("model_name_or_path", model_args.model_name_or_path)
     fix = "give a Hub dataset id, or a local folder or file that datasets.load_dataset reads"
     errors.check_local_path("dataset_name", script_args.dataset_name, fix)
+    from .optional_dependencies import check_optional_dependencies
+
+    check_optional_dependencies(
+        use_vllm=training_args.use_vllm, load_in_4bit=model_args.load_in_4bit or model_args.load_in_8bit
+    )
     # An error in the training loop (a reward function's, hours in): its traceback in <output_dir>/error.log.
     with errors.training_errors(training_args.output_dir):
         grpo.main(script_args, training_args, model_args, dataset_args)
@@ -181,8 +186,12 @@ def _doctor(argv: list[str]) -> int:
     print(diagnosis.report())
     if png is not None:
         from ..doctor.dashboard import plot_dashboard
+        from ..error_reports import MissingDependencyError
 
-        print(f"Saved {plot_dashboard(run.rows, diagnosis, str(png), title=run_dir.resolve().name)}")
+        try:
+            print(f"Saved {plot_dashboard(run.rows, diagnosis, str(png), title=run_dir.resolve().name)}")
+        except MissingDependencyError as error:  # the report above stands; only the picture is missing
+            print(f"No dashboard: {error}")
     return 0
 
 

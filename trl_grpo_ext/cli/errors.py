@@ -370,7 +370,7 @@ class Interrupted(KeyboardInterrupt):
         output_dir: the run's output folder.
         step: the last optimizer step completed.
         script: the entry point's script (its `__file__`), shown relative to the working folder when inside it.
-        signal_number: the signal that stopped the run: SIGINT (Ctrl-C), or SIGTERM (`termination.TrainingTerminated`:
+        signal_number: the signal that stopped the run: SIGINT (Ctrl-C), or SIGTERM (`resume.TrainingTerminated`:
             a checkpoint of `step` was saved first).
     """
 
@@ -452,7 +452,7 @@ def run(entry: Callable[[list[str]], int | None], argv: Iterable[str], prog: str
     `UsageError`, else 1; with the debug switch (`--debug` in `argv`, `debug`, or `TRL_GRPO_EXT_DEBUG=1`) it is
     raised instead, with its traceback. Other exceptions are raised. Ctrl-C (`KeyboardInterrupt`) prints one line,
     `<prog>: interrupted`, with the checkpoint to resume from for an `Interrupted`, and returns 130; SIGTERM during
-    training (`termination.TrainingTerminated`, its checkpoint saved) `<prog>: stopped by SIGTERM ...`, 143. A user
+    training (`resume.TrainingTerminated`, its checkpoint saved) `<prog>: stopped by SIGTERM ...`, 143. A user
     error raised after training started (`training_errors`) names the file holding its traceback instead of `--debug`.
     """
     argv, flag = pop_debug_flag(argv)

@@ -49,7 +49,7 @@ def check_optional_dependencies(
         MissingDependencyError: naming the setting, the package and the pip command that installs it.
     """
     wanted = {"vllm": ("use_vllm=True", use_vllm), "deepspeed": ("a DeepSpeed config", deepspeed),
-              "bitsandbytes": ("load_in_4bit=True (QLoRA)", load_in_4bit)}  # fmt: skip
+              "bitsandbytes": ("load_in_4bit or load_in_8bit (QLoRA)", load_in_4bit)}  # fmt: skip
     for package, (setting, requested) in wanted.items():
         if requested and not is_installed(package):
             raise MissingDependencyError(

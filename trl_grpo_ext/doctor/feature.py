@@ -28,6 +28,7 @@ class RunDoctor(Feature):
     `DoctorCallback` to the trainer unless it has one."""
 
     name = "doctor"
+    reads = ("fast_generation",)  # its settings, shown with the findings (`callback.SETTINGS`)
 
     @classmethod
     def build(cls, trainer) -> "RunDoctor | None":

@@ -89,7 +89,7 @@ class EntropyReg(Feature):
 
     name = "entropy_reg"
     reads = ("policy_groups",)
-    writes = ("batch['advantages']",)
+    writes = ("batch['advantages']", "output['completion_scored']")
 
     def __init__(self, trainer):
         super().__init__(trainer)

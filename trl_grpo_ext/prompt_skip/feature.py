@@ -55,7 +55,7 @@ class PromptSkip(Feature):
 
     name = "prompt_skip"
     reads = ("policy_groups", "fast_generation")
-    writes = ("output['num_items_in_batch']",)
+    writes = ("output['num_items_in_batch']", "output['prompt_skip_loss_scale']")
 
     def __init__(self, trainer):
         super().__init__(trainer)
