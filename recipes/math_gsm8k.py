@@ -165,7 +165,7 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
         print(f"features off: stock TRL GRPO; trl_grpo_ext settings reset to their defaults: {values}")
     # Everything that can be checked is checked before a model is built or loaded: packages, reward names, then data.
     check_optional_dependencies(
-        use_vllm=training_args.use_vllm, load_in_4bit=model_args.load_in_4bit or model_args.load_in_8bit
+        use_vllm=training_args.use_vllm, quantized=model_args.load_in_4bit or model_args.load_in_8bit
     )
     reward_registry = {
         **REWARD_FUNCS,

@@ -84,8 +84,8 @@ def test_qlora_without_bitsandbytes_is_refused_before_loading(monkeypatch):
     monkeypatch.setattr(optional_dependencies, "is_installed", lambda package: package != "bitsandbytes")
     refused = r"load_in_4bit or load_in_8bit \(QLoRA\) needs the package 'bitsandbytes'"
     with pytest.raises(MissingDependencyError, match=refused):
-        optional_dependencies.check_optional_dependencies(load_in_4bit=True)
-    optional_dependencies.check_optional_dependencies(use_vllm=False, load_in_4bit=False)
+        optional_dependencies.check_optional_dependencies(quantized=True)
+    optional_dependencies.check_optional_dependencies(use_vllm=False, quantized=False)
 
 
 def test_an_import_error_of_another_package_passes_unchanged():

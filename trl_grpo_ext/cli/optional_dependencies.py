@@ -40,16 +40,15 @@ def deepspeed_requested(argv: Sequence[str], environ: Mapping[str, str] | None =
     return False
 
 
-def check_optional_dependencies(
-    *, use_vllm: bool = False, deepspeed: bool = False, load_in_4bit: bool = False
-) -> None:
-    """Raise before any model or data is loaded when a requested optional package is missing.
+def check_optional_dependencies(*, use_vllm: bool = False, deepspeed: bool = False, quantized: bool = False) -> None:
+    """Raise before any model or data is loaded when a requested optional package is missing: vLLM for `use_vllm`,
+    DeepSpeed for `deepspeed`, bitsandbytes for `quantized` (`load_in_4bit` or `load_in_8bit`).
 
     Raises:
         MissingDependencyError: naming the setting, the package and the pip command that installs it.
     """
     wanted = {"vllm": ("use_vllm=True", use_vllm), "deepspeed": ("a DeepSpeed config", deepspeed),
-              "bitsandbytes": ("load_in_4bit or load_in_8bit (QLoRA)", load_in_4bit)}  # fmt: skip
+              "bitsandbytes": ("load_in_4bit or load_in_8bit (QLoRA)", quantized)}  # fmt: skip
     for package, (setting, requested) in wanted.items():
         if requested and not is_installed(package):
             raise MissingDependencyError(
