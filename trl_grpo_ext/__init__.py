@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the names for static analysis (type checkers, the docs' griffe); at run time they come lazily
     from .config import GRPOConfig as GRPOConfig
-    from .drop_in import register as register
-    from .drop_in import unregister as unregister
     from .trainer import GRPOTrainer as GRPOTrainer
+    from .trainer import register as register
+    from .trainer import unregister as unregister
 
 __version__ = "0.1.0"
-_EXPORTS = {"GRPOConfig": "config", "GRPOTrainer": "trainer", "register": "drop_in", "unregister": "drop_in"}
+_EXPORTS = {"GRPOConfig": "config", "GRPOTrainer": "trainer", "register": "trainer", "unregister": "trainer"}
 __all__ = [*_EXPORTS, "__version__"]
 
 

@@ -2,8 +2,8 @@
 
 Each feature declares its settings in its own folder (`<feature>/config.py`, a `field_checks.ConfigPart`): the fields
 with their help, their section of the class docstring, the ranges of its number fields and the rules between fields.
-`GRPOConfig` names each part's fields class among its bases (`FEATURE_CONFIGS` is found from them), composes its
-docstring from their sections, and checks TRL's counts and then each part.
+`GRPOConfig` has the fields classes as bases (through `composition.FeatureFields`; `FEATURE_CONFIGS` is found from
+them), composes its docstring from their sections, and checks TRL's counts and then each part.
 """
 
 import dataclasses
@@ -12,27 +12,14 @@ from dataclasses import dataclass
 
 from trl.trainer.grpo_config import GRPOConfig as TRLGRPOConfig  # TRL's class, also after register()
 
-from .doctor.config import RUN_DOCTOR_CONFIG, RunDoctorFields
-from .entropy.config import EntropyRegFields
+from .composition import FeatureFields
 from .field_checks import config_parts
-from .generation.config import (
-    FAST_GENERATION_CONFIG,
-    FastGenerationFields,
-    check_generation_engine,
-    generation_levers,
-)
-from .grad_reg.config import GRAD_REG_CONFIG, GradRegFields, check_grad_reg_engine
-from .policy_groups.config import (
-    PolicyGroupFields,
-    policy_grouping_requested,
-    stages_requested,
-)
-from .prompt_skip.config import PromptSkipFields
-from .vllm_lora.config import VLLMLoRAFields
+from .generation.config import FAST_GENERATION_CONFIG, check_generation_engine, generation_levers
+from .grad_reg.config import GRAD_REG_CONFIG, check_grad_reg_engine
+from .policy_groups.config import policy_grouping_requested, stages_requested
 
-__all__ = ["FEATURE_CONFIGS", "FIELD_MODES", "FIELD_RANGES", "GRPOConfig", "RUN_DOCTOR_CONFIG", "RunDoctorFields",
-           "TRLGRPOConfig", "TRL_COUNTS", "generation_levers", "own_fields", "policy_grouping_requested",
-           "stages_requested"]  # fmt: skip
+__all__ = ["FEATURE_CONFIGS", "FIELD_MODES", "FIELD_RANGES", "GRPOConfig", "TRLGRPOConfig", "TRL_COUNTS",
+           "generation_levers", "own_fields", "policy_grouping_requested", "stages_requested"]  # fmt: skip
 
 # TRL's and transformers' count fields checked before TRL's `__post_init__` (`GRPOConfig._check_trl_counts`): the
 # least value each allows, and what the message asks for. num_generations 1 is left to TRL's own message.
@@ -47,21 +34,11 @@ TRL_COUNTS = {
 }
 
 
-# Each feature's part of the config is a base: its fields class (`<feature>/config.py`, whose `ConfigPart` is found
-# from it: `field_checks.config_parts`). dataclasses collect fields from the last base to the first: TRL's fields
-# first (`GRPOConfig("out")` still sets `output_dir`), then each part's, the last-named first. The bases are named, so
-# that type checkers and editors see every field; a new feature with settings adds its fields class here.
+# The features' settings are one base, `composition.FeatureFields`, whose bases are each feature's fields class (whose
+# `ConfigPart` is found from it: `field_checks.config_parts`). dataclasses collect fields from the last base to the
+# first: TRL's fields first (`GRPOConfig("out")` still sets `output_dir`), then the features'.
 @dataclass
-class GRPOConfig(
-    RunDoctorFields,
-    VLLMLoRAFields,
-    FastGenerationFields,
-    GradRegFields,
-    EntropyRegFields,
-    PromptSkipFields,
-    PolicyGroupFields,
-    TRLGRPOConfig,
-):
+class GRPOConfig(FeatureFields, TRLGRPOConfig):
     r"""
     Configuration for [`trl_grpo_ext.GRPOTrainer`]: every field of [`trl.GRPOConfig`] keeps its meaning and default.
 

@@ -3,8 +3,8 @@ events they exchange, and `Registry`, the modes a config field picks by name.
 
 A feature (policy groups, entropy regularization, gradient regularization, fast generation) is an object that the
 trainer builds when the feature's settings are on; it holds the trainer it works for (`self.trainer`). It overrides
-the methods of `Feature` for the points where it acts. `trainer.STEP` lists, point by point, which features act and
-in which order; the trainer calls them there and nowhere else, so `trainer.py` alone tells what runs when.
+the methods of `Feature` for the points where it acts. `composition.STEP` lists, point by point, which features act
+and in which order; the trainer calls them there and nowhere else, so `composition.py` alone tells what runs when.
 
 Points, in the order of a step (B completions on this process, N over all processes, F reward functions, T completion
 tokens; TRL generates a generation batch once every `steps_per_generation` micro-steps):
@@ -105,18 +105,21 @@ def loss_scaler(trainer) -> "torch.amp.GradScaler | None":
 
 
 # Every feature class by its `name`, recorded when the class is defined (`Feature.__init_subclass__`); the trainer
-# builds the ones `trainer.STEP` names, so a new feature is its folder plus its lines in `STEP`.
+# builds the ones `composition.STEP` names, so a new feature is its folder plus its lines in `composition.py`.
 FEATURE_CLASSES: dict[str, type["Feature"]] = {}
 
 
 class Feature:
     """One feature of the trainer. Each method is a point of the step (module docstring); the defaults do nothing,
-    and `trainer.STEP` names the points each feature overrides (a test keeps the two in sync).
+    and `composition.STEP` names the points each feature overrides (a test keeps the two in sync).
 
     A subclass that sets `name` is recorded in `FEATURE_CLASSES` under it when defined. Raises ValueError when
     another class already took the name."""
 
-    name: str  # its key in `trainer.features`, `trainer.STEP` and checkpoints
+    name: str  # its key in `trainer.features`, `composition.STEP` and checkpoints
+    # The trainer attribute that shows the feature's state to tests, callbacks and notebooks, or None: then
+    # `trainer.<exposes>` is `exposed()` while the feature is on and None while it is off.
+    exposes: str | None = None
     # What the feature touches beyond its own state, declared here so that the coupling reads in one place
     # (`tests/meta/test_architecture.py` checks the code against both, both ways):
     # `reads`: the other features whose state (`trainer.policy_groups`, ...) or settings (fields of their config
@@ -138,6 +141,10 @@ class Feature:
 
     def __init__(self, trainer):
         self.trainer = trainer
+
+    def exposed(self):
+        """What `trainer.<exposes>` returns while the feature is on: `state()` unless it says otherwise."""
+        return self.state()
 
     @classmethod
     def build(cls, trainer) -> "Feature | None":

@@ -1,4 +1,5 @@
-"""`GRPOTrainer`: TRL's GRPO trainer with this package's features composed in one place.
+"""`GRPOTrainer`: TRL's GRPO trainer with this package's features composed in one place; `register()`, which makes
+`from trl import GRPOConfig, GRPOTrainer` return this package's classes.
 
 TRL's private methods reach this class only as the public hooks of `trl_contact.TRLContact` (each override here
 calls `super()`, which ends in TRL's method). At each hook the trainer calls the features listed for that point of
@@ -15,20 +16,18 @@ import os
 import time
 from collections.abc import Callable
 
+import trl
+import trl.trainer
 from transformers.integrations.neftune import deactivate_neftune
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotate_checkpoints, speed_metrics
 from trl.trainer.utils import get_config_model_id
 
+from .composition import STEP, step_features
 from .config import GRPOConfig, TRLGRPOConfig, policy_grouping_requested
 from .dataset_preparation import check_dataset_columns, with_row_column
-from .doctor.feature import RunDoctor
-from .entropy.feature import EntropyReg
 from .feature_api import FEATURE_CLASSES, Feature, Regroup
 from .generation.checks import multi_turn_problem
-from .generation.feature import FastGenerationFeature
-from .grad_reg.feature import GradReg
-from .policy_groups.feature import PolicyGroups, check_policy_group_setup
-from .prompt_skip.feature import PromptSkip
+from .policy_groups.feature import check_policy_group_setup
 from .resume import (
     EpochSeededSampler,
     RunAlreadyComplete,
@@ -42,53 +41,10 @@ from .resume import (
     write_manifest,
 )
 from .trl_contact import GRPOLoopState, TRLContact, output_dir, stop_memory_tracking
-from .vllm_lora.feature import VLLMLoRASync, vllm_lora_engine
+from .vllm_lora.feature import vllm_lora_engine
 
 logger = logging.getLogger(__name__)
 _TRL_INIT = inspect.signature(TRLContact.__init__)  # TRL's GRPOTrainer.__init__: which argument is which
-
-# The package's features. Defining a `Feature` subclass records it by name (`feature_api.FEATURE_CLASSES`), the name
-# `STEP` uses; a feature of another package is imported by its user before the trainer is built.
-PACKAGE_FEATURES = (PolicyGroups, PromptSkip, EntropyReg, GradReg, FastGenerationFeature, VLLMLoRASync, RunDoctor)
-
-
-# Which features act at each point of a training step, in this order (`feature_api` says what each point is). Within a
-# point the order matters where one feature reads what another wrote: the policy groups reweight the advantages
-# before entropy regularization marks the scored completions and shifts the advantages inside the loss; the entropy
-# terms are added to the loss after the policy groups and the adaptive KL have measured it.
-STEP = {
-    # with refilling: a prompt whose recent generation groups were uninformative may be replaced in the draw
-    "prompt_filter": ("prompt_skip",),
-    # the first that draws the batch: per policy group, else (no groups, or their `uniform` order) uniformly
-    "generation_batch": ("policy_groups", "prompt_skip"),
-    # without refilling: the prompts predicted uninformative taken out of the drawn batch
-    "skip_prompts": ("prompt_skip",),
-    # timed (around all of it); static cache, compiled decode step, merged LoRA weights (a probe generation first;
-    # on failure the fall back to TRL's generation, which generates the batch again); vLLM: only the LoRA adapter
-    # synced, and every generation through it
-    "generation": ("doctor", "fast_generation", "vllm_lora"),
-    # rows and rewards noted; which completions some reward function scored
-    "rewards": ("policy_groups", "prompt_skip", "entropy_reg"),
-    # statistics, weights, regroup, reweighted advantages; each prompt's history; the scored mask; the timings
-    "advantages": ("policy_groups", "prompt_skip", "entropy_reg", "doctor"),
-    # the accumulation window planned (Clip-Cov/KL-Cov tokens); this step's β
-    "loss_start": ("entropy_reg", "grad_reg"),
-    # entropies and log-probabilities noted; advantages shifted, Clip-Cov's tokens detached
-    "policy_logps": ("policy_groups", "grad_reg", "entropy_reg"),
-    # the loss normalized as if the skipped completions were there; each group's entropy and the KL measured; the
-    # entropy terms added to the loss (over the generated completions: not scaled for the skipped ones)
-    "loss_end": ("prompt_skip", "policy_groups", "grad_reg", "entropy_reg"),
-    # DeepSpeed: its clip bound set from ZClip; the step times TRL has noted so far
-    "training_step": ("grad_reg", "doctor"),
-    # the generation and scoring time of the optimizer step noted, once TRL has noted its step time
-    "training_step_end": ("doctor",),
-    # AGC, the non-finite guard, ZClip
-    "clip_gradients": ("grad_reg",),
-    # event: the per-group entropy controllers follow the policy groups
-    "regroup": ("entropy_reg",),
-    # the state saved in checkpoints and restored on resume
-    "checkpoint": ("policy_groups", "prompt_skip", "entropy_reg", "grad_reg"),
-}
 
 
 def _check_trainable(model) -> None:
@@ -123,17 +79,6 @@ def _check_trainable(model) -> None:
     )
 
 
-def step_features(step: dict[str, tuple[str, ...]]) -> tuple[type[Feature], ...]:
-    """The feature classes `step` names (a table like `STEP`), in the order it first names them: the order the trainer
-    builds them in (each `build` returns None when its settings are off; the policy groups come before entropy
-    regularization, whose per-group controllers read them). Raises KeyError for a name no feature has."""
-    names = dict.fromkeys(name for acting in step.values() for name in acting)
-    return tuple(FEATURE_CLASSES[name] for name in names)
-
-
-FEATURES = step_features(STEP)  # the package's features, in the order they are built
-
-
 class GRPOTrainer(TRLContact):
     """
     Drop-in replacement for [`trl.GRPOTrainer`]: same constructor, same reward function forms, `peft_config`,
@@ -150,45 +95,24 @@ class GRPOTrainer(TRLContact):
     says which incomplete ones it skipped. Resuming a finished run (its checkpoint at the last step) trains nothing and
     changes no file: `train` says so and sets `run_already_complete`.
 
-    Dynamic policy grouping (off unless `GRPOConfig.policy_group_column` / `policy_group_features` is set, or
-    `policy_group_fn` is given): `policy_group_fn(example: dict) -> str` names each training prompt's policy group;
-    the trainer then keeps per-group statistics and weights (`self.policy_groups`, a `PolicyGroupState`) and applies
-    them to the advantages and to which prompts are generated for. It adds a `policy_group_row` column (the row
-    index) to the training dataset, which reward functions receive among their keyword arguments.
+    Each feature of this package is off until its settings in [`GRPOConfig`] turn it on (the configuration
+    reference has a section per feature). The features that are on are in `self.features` (name ->
+    `feature_api.Feature`, built in the order `composition.STEP` first names them); each acts at the points of a step
+    that `STEP` lists for it, called by this class's hooks and nowhere else. A feature's state is also an attribute
+    of the trainer, None while the feature is off, under the name its class `exposes` (`self.policy_groups`, the
+    `PolicyGroupState`, for one).
 
-    Prompt skipping (off unless `GRPOConfig.prompt_skip` is set; `trl_grpo_ext.prompt_skip`): prompts whose recent
-    generation groups were uninformative are skipped before generation (after GRESO, arXiv:2506.02177) and not
-    replaced, TRL's loss normalized as if their completions were there with zero advantage; it adds the same
-    `policy_group_row` column as policy grouping.
-
-    Entropy regularization (off unless `GRPOConfig.entropy_reg` names a mode; `trl_grpo_ext.entropy`): the modes of
-    `entropy.modes.ENTROPY_REG_MODES` (target control of the mean token entropy, Clip-Cov, KL-Cov, an entropy-shaped
-    advantage), acting inside TRL's loss (`self.entropy_reg_state` holds the `target` controllers).
-
-    Adaptive gradient regularization (off unless `GRPOConfig.grad_reg` or `kl_target` is set; `trl_grpo_ext.grad_reg`):
-    ZClip and AGC where the Trainer clips gradients, a guard that skips non-finite steps (`self.grad_reg_state`
-    counts them; `NonFiniteGradientError` after `grad_reg_max_skips` in a row), and an adaptive KL coefficient β.
-
-    Fast generation (off unless `GRPOConfig.generation_compile` or `generation_lora_merge` is set;
-    `trl_grpo_ext.generation`): a static KV cache with a compiled decode step, and generation from LoRA weights merged
-    in place (restored bit for bit) or into a separate generation copy (`self.fast_generation`).
-
-    Run doctor (off unless `GRPOConfig.run_doctor` is set; `trl_grpo_ext.doctor`): the logged metrics checked at
-    every log for the known ways a run wastes its steps, each finding warned once with the setting to change; the
-    generation and scoring times and the CUDA memory logged for it. Training is unchanged.
-
-    The features that are on are in `self.features` (name -> `feature_api.Feature`, built in the order `STEP` first
-    names them); each acts at the points of a step that `STEP` lists for it, called by this class's hooks and nowhere
-    else.
+    `policy_group_fn(example: dict) -> str`, when given, names each training prompt's policy group, and turns policy
+    grouping on. Policy grouping and prompt skipping add a `policy_group_row` column (the row index) to the training
+    dataset, which reward functions receive among their keyword arguments.
 
     Raises:
         ValueError: a model with no trainable parameter (a PEFT model loaded without `is_trainable=True`; after the
             model loads); policy grouping with an iterable or missing training dataset; a column that a reward function
             or `policy_group_column` reads missing from the training dataset (the message names the column, the
             function and the dataset's columns; raised before the model is loaded); `generation_compile` with
-            `tools` or `environment_factory` (before the model is loaded); `grad_reg` with `agc` under
-            DeepSpeed or FSDP; a fast-generation setting that cannot apply to this model
-            (`generation.feature.FastGenerationFeature.build` says which).
+            `tools` or `environment_factory` (before the model is loaded); a setting a feature cannot apply to this
+            model, data or engine (the feature's `build` says which).
 
     `args` may be TRL's `GRPOConfig` or a subclass of it (a script that swapped only the trainer import): the object
     is kept, and this package's settings are added to it at their defaults. With `args=None` the default output
@@ -245,30 +169,15 @@ class GRPOTrainer(TRLContact):
         for feature in self._acting("regroup"):
             feature.regroup(event)
 
-    # The features' state, by the names tests, callbacks and notebooks read (None while a feature is off).
-    @property
-    def policy_groups(self):
-        """The run's `PolicyGroupState` (assignment, statistics, weights), or None without policy grouping."""
-        feature = self.features.get("policy_groups")
-        return None if feature is None else feature.groups
-
-    @property
-    def entropy_reg_state(self):
-        """The `EntropyRegState` (the `target` controllers), or None while `entropy_reg` is empty."""
-        feature = self.features.get("entropy_reg")
-        return None if feature is None else feature.state()
-
-    @property
-    def grad_reg_state(self):
-        """The `GradRegState` (ZClip, adaptive KL, skip counts), or None while gradient regularization is off."""
-        feature = self.features.get("grad_reg")
-        return None if feature is None else feature.state()
-
-    @property
-    def fast_generation(self):
-        """The `FastGeneration` (merge and static-cache sizer), or None while every generation setting is off."""
-        feature = self.features.get("fast_generation")
-        return None if feature is None else feature.fast
+    def __getattr__(self, name: str):
+        """`self.<name>` for a feature's state (the name its class `exposes`, such as `policy_groups`): the feature's
+        `exposed()` while it is on, None while it is off.
+        Called only for a name the trainer does not have; raises AttributeError for one no feature exposes."""
+        for feature_class in FEATURE_CLASSES.values():
+            if feature_class.exposes == name:
+                feature = self.__dict__.get("features", {}).get(feature_class.name)
+                return None if feature is None else feature.exposed()
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # -- the points of a step (`STEP`): each TRL hook calls the features acting there, then or around TRL's method
 
@@ -492,3 +401,35 @@ class GRPOTrainer(TRLContact):
             return
         for name, obj in self.resumable_state().items():
             obj.load_state_dict(state[name])
+
+
+# The drop-in swap (`register()`): the modules that export the classes by name; `trl.trainer.grpo_trainer` itself
+# keeps TRL's class, which ours subclasses.
+_MODULES = (trl, trl.trainer)
+_NAMES = ("GRPOConfig", "GRPOTrainer")
+_originals: dict[tuple[str, str], type] = {}
+
+
+def register() -> None:
+    """Point `trl.GRPOConfig` / `trl.GRPOTrainer` (and `trl.trainer.*`) at `trl_grpo_ext`'s classes.
+
+    Code that imports the names afterwards (`from trl import GRPOTrainer`, as `trl/scripts/grpo.py` does inside its
+    functions) gets the extension classes. A name bound by an import that ran before `register()` keeps TRL's class.
+    Calling it again changes nothing.
+    """
+    ours = {"GRPOConfig": GRPOConfig, "GRPOTrainer": GRPOTrainer}
+    for module in _MODULES:
+        for name in _NAMES:
+            current = getattr(module, name)
+            if current is not ours[name]:
+                _originals[(module.__name__, name)] = current
+                setattr(module, name, ours[name])
+
+
+def unregister() -> None:
+    """Restore TRL's own `GRPOConfig` / `GRPOTrainer` in `trl` and `trl.trainer`. Calling it again changes nothing."""
+    for module in _MODULES:
+        for name in _NAMES:
+            original = _originals.pop((module.__name__, name), None)
+            if original is not None:
+                setattr(module, name, original)

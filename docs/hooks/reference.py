@@ -39,27 +39,39 @@ def _cell(text: str) -> str:
 def config_docstring(root: str) -> str:
     """The class docstring of `trl_grpo_ext.GRPOConfig` as the package composes it when imported
     (`trl_grpo_ext/config.py`): the class's own docstring, then the `> Parameters that control ...` section of each
-    feature's part (the docstring of each fields class among `GRPOConfig`'s bases, the last-named first), all read
-    statically."""
+    feature's part (the docstring of each fields class among the bases of `composition.FeatureFields`, a base of
+    `GRPOConfig`, or of a user's subclass, the last-named first), all read statically."""
     import griffe  # the docs extra's (mkdocstrings' static analysis)
 
-    package = griffe.load("trl_grpo_ext", search_paths=[root], resolve_aliases=True, resolve_external=False)
-    config = package["config"]
-    if config["GRPOConfig"].docstring is None:
+    package = griffe.load(
+        "trl_grpo_ext", search_paths=[root], try_relative_path=False, resolve_aliases=True, resolve_external=False
+    )  # from `root`, not from the working folder
+    config = package["config"]["GRPOConfig"]
+    if config.docstring is None:
         raise PluginError("trl_grpo_ext.GRPOConfig has no docstring that static analysis can read")
-    sections = []
-    for base in reversed(config["GRPOConfig"].bases):  # dataclasses' order: the last-named base's fields first
-        if str(base) == "TRLGRPOConfig":
-            continue
-        fields = config[str(base)]
-        fields = fields.final_target if fields.is_alias else fields  # imported from the feature's config.py
-        if fields.docstring is None:
-            raise PluginError(f"{fields.path} (a part of GRPOConfig) has no docstring section")
-        sections.append(textwrap.indent(fields.docstring.value, " " * 8))
+    sections = [textwrap.indent(section, " " * 8) for section in _field_sections(config)]
     if not sections:
         raise PluginError("GRPOConfig: no fields class found among its bases by static analysis")
-    base = textwrap.indent(config["GRPOConfig"].docstring.value, " " * 4)
+    base = textwrap.indent(config.docstring.value, " " * 4)
     return "\n" + base + "\n" + "\n\n".join(sections) + "\n    "
+
+
+def _field_sections(cls) -> list[str]:
+    """The docstrings of the fields classes among `cls`'s bases, in dataclasses' order (the last-named base's fields
+    first), through a base that gathers fields classes (`composition.FeatureFields`); TRL's config is left out."""
+    sections = []
+    for base in reversed(cls.bases):
+        if str(base) == "TRLGRPOConfig":
+            continue
+        fields = cls.parent[str(base)]  # the name in the module that defines `cls`
+        fields = fields.final_target if fields.is_alias else fields  # imported from the feature's config.py
+        if fields.bases:  # a class of fields classes
+            sections += _field_sections(fields)
+        elif fields.docstring is None:
+            raise PluginError(f"{fields.path} (a part of GRPOConfig) has no docstring section")
+        else:
+            sections.append(fields.docstring.value)
+    return sections
 
 
 def registered_modes(root: str, registry: str) -> str:

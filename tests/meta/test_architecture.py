@@ -1,10 +1,12 @@
-"""Issue #16: the package's shape. The trainer composes its features in one visible place (`trainer.STEP`), modes
+"""Issue #16: the package's shape. The trainer composes its features in one visible place (`composition.STEP`), modes
 are entries of registries (adding one touches no other code), task support and the consumer-GPU estimator stay out
 of the trainer core, and the config documents exactly the fields it has."""
 
 import ast
 import dataclasses
+import json
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -18,18 +20,20 @@ from datasets import Dataset
 
 import trl_grpo_ext
 from tests.conftest import length_reward, small_grpo_kwargs
+from tests.meta.reward_scale.config import REWARD_SCALE_CONFIG, RewardScaleFields
+from tests.meta.reward_scale.feature import RewardScale
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
+from trl_grpo_ext.composition import FEATURES, PACKAGE_FEATURES, STEP, step_features
 from trl_grpo_ext.config import FEATURE_CONFIGS
 from trl_grpo_ext.entropy import bonus
 from trl_grpo_ext.entropy.modes import ENTROPY_REG_MODES, EntropyMode
 from trl_grpo_ext.feature_api import FEATURE_CLASSES, POINTS, Feature, Registry, Regroup
-from trl_grpo_ext.field_checks import ConfigPart, Range, config_parts
+from trl_grpo_ext.field_checks import config_parts
 from trl_grpo_ext.grad_reg.modes import GRAD_REG_MODES, GradRegMode
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
-from trl_grpo_ext.trainer import FEATURES, PACKAGE_FEATURES, STEP, step_features
 
 PACKAGE = Path(trl_grpo_ext.__file__).parent
-# a folder of the package with a `feature.py` holds a feature (`trainer.py` imports each of those modules)
+# a folder of the package with a `feature.py` holds a feature (`composition.py` imports each of those modules)
 FEATURE_FOLDERS = {path.parent.name for path in PACKAGE.glob("*/feature.py")}
 # the `Feature` method each point of `STEP` calls (the point's name, but for the checkpoint's `state`)
 METHOD = {point: "state" if point == "checkpoint" else point for point in POINTS}
@@ -117,66 +121,16 @@ def test_a_new_feature_is_its_folder_and_its_line_in_step(tmp_path, tiny_model_d
 
 
 @dataclass
-class RewardScaleFields:
-    """
-    > Parameters that control the reward scale (a test feature)
-
-    reward_scale (`float`, *optional*, defaults to `1.0`):
-        Factor on every advantage.
-    reward_scale_from_step (`int`, *optional*, defaults to `0`):
-        First global step at which the factor applies.
-    """
-
-    reward_scale: float = dataclasses.field(default=1.0, metadata={"help": "Factor on every advantage."})
-    reward_scale_from_step: int = dataclasses.field(
-        default=0, metadata={"help": "First global step at which the factor applies."}
-    )
-
-
-def _check_reward_scale(args) -> None:
-    if args.reward_scale != 1.0 and args.beta != 0.0:
-        raise ValueError(f"reward_scale={args.reward_scale} needs beta=0.0, got beta={args.beta}")
-
-
-REWARD_SCALE_CONFIG = ConfigPart(
-    RewardScaleFields,
-    ranges={"reward_scale": Range(0.0, 10.0, low_open=True), "reward_scale_from_step": Range(0)},
-    checks=(_check_reward_scale,),
-)
-
-
-@dataclass
 class RewardScaleConfig(RewardScaleFields, GRPOConfig):
     """`GRPOConfig` with the test feature's settings: outside the package, a feature's fields class is a base of a
     subclass (in the package, a base of `GRPOConfig` itself)."""
 
 
-class RewardScale(Feature):
-    """A feature with two settings for `test_a_new_feature_with_settings_is_its_folder_and_its_lines_in_step`:
-    multiplies the advantages of the generation batches drawn from `reward_scale_from_step` on by `reward_scale`."""
-
-    name = "reward_scale"
-    writes = ("output['advantages']",)
-
-    @classmethod
-    def build(cls, trainer) -> "RewardScale | None":
-        return cls(trainer) if getattr(trainer.args, "reward_scale", 1.0) != 1.0 else None
-
-    def __init__(self, trainer):
-        super().__init__(trainer)
-        self.scaled: list[int] = []
-
-    def advantages(self, output: dict) -> None:
-        if self.trainer.state.global_step >= self.trainer.args.reward_scale_from_step:
-            output["advantages"] = output["advantages"] * self.trainer.args.reward_scale
-            self.scaled.append(self.trainer.state.global_step)
-
-
-def test_a_new_feature_with_settings_is_its_folder_and_its_lines_in_step(tmp_path, tiny_model_dir):
-    """A feature with two settings, added as `docs/adding-a-feature.md` says: its fields class and `ConfigPart`
-    (ranges, a rule between fields), its `Feature`, and its line in `STEP`. The config checks its fields by their
-    declared ranges and rule and reads strings as TrlParser does, and the trainer builds the feature and calls it at
-    its point, from the step its setting names."""
+def test_a_feature_with_settings_from_outside_the_package(tmp_path, tiny_model_dir):
+    """A user's feature with two settings (`tests/meta/reward_scale/`: its fields class and `ConfigPart` with ranges
+    and a rule between fields, its `Feature`), its fields class a base of a subclass of `GRPOConfig` and its line
+    added to `STEP`. The config checks its fields by their declared ranges and rule and reads strings as TrlParser
+    does, and the trainer builds the feature and calls it at its point, from the step its setting names."""
     assert config_parts(RewardScaleConfig)[-1] is REWARD_SCALE_CONFIG  # found from the base, no list to edit
     kwargs = small_grpo_kwargs(tmp_path, max_steps=2, beta=0.0)
     with pytest.raises(ValueError, match=r"reward_scale must be a finite number in \(0, 10\], got 0.0"):
@@ -193,8 +147,99 @@ def test_a_new_feature_with_settings_is_its_folder_and_its_lines_in_step(tmp_pat
         trainer = GRPOTrainer(tiny_model_dir, length_reward, args, dataset)
         trainer.train()
     assert list(trainer.features) == ["reward_scale"]
+    assert isinstance(trainer.features["reward_scale"], RewardScale)
     assert trainer.features["reward_scale"].scaled == [1]  # the generation batch of step 1 only
     assert trainer.state.global_step == 2
+
+
+REPOSITORY = PACKAGE.parent
+NEW_FEATURE = Path(__file__).parent / "reward_scale"  # the reward scale, a feature of two settings
+
+
+def _add_reward_scale(root: Path) -> None:
+    """Add the reward scale to the copy of the package and its docs at `root`, as `docs/adding-a-feature.md` says:
+    its folder, its lines in `composition.py` (the imports, `PACKAGE_FEATURES`, `FeatureFields`' bases, `STEP`), its
+    page in `docs/features/`. Raises AssertionError where `composition.py` no longer reads as the doc describes."""
+    folder = root / "trl_grpo_ext" / "reward_scale"
+    shutil.copytree(NEW_FEATURE, folder, ignore=shutil.ignore_patterns("*.md", "__pycache__"))
+    shutil.copy(NEW_FEATURE / "reward-scale.md", root / "docs" / "features" / "reward-scale.md")
+    composition = root / "trl_grpo_ext" / "composition.py"
+    source = composition.read_text()
+    edits = {  # each line of composition.py the doc names, and the same line with the feature added
+        "from .vllm_lora.feature import VLLMLoRASync\n": "from .vllm_lora.feature import VLLMLoRASync\n"
+        "from .reward_scale.config import RewardScaleFields\nfrom .reward_scale.feature import RewardScale\n",
+        "VLLMLoRASync, RunDoctor)\n": "VLLMLoRASync, RunDoctor, RewardScale)\n",
+        "class FeatureFields(\n": "class FeatureFields(\n    RewardScaleFields,\n",
+        '"advantages": (': '"advantages": ("reward_scale", ',
+    }
+    for line, added in edits.items():
+        assert source.count(line) == 1, line
+        source = source.replace(line, added)
+    composition.write_text(source)
+
+
+# Run in the copy of the package with the reward scale added: its config, docstring, `STEP` and a two-step run.
+NEW_FEATURE_RUN = """
+import dataclasses, json, sys
+from pathlib import Path
+
+import trl_grpo_ext
+from trl_grpo_ext import GRPOConfig, GRPOTrainer
+from trl_grpo_ext.composition import FEATURES, STEP
+from trl_grpo_ext.config import FEATURE_CONFIGS
+from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
+from datasets import Dataset
+
+root, model, kwargs = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+assert Path(trl_grpo_ext.__file__).parent == root / "trl_grpo_ext", trl_grpo_ext.__file__
+assert FEATURE_CONFIGS[-1].fields.__name__ == "RewardScaleFields"  # the first base: the last section
+assert {"reward_scale", "reward_scale_from_step"} <= {field.name for field in dataclasses.fields(GRPOConfig)}
+assert "> Parameters that control the reward scale" in GRPOConfig.__doc__
+assert [point for point, acting in STEP.items() if "reward_scale" in acting] == ["advantages"]
+assert "reward_scale" in [feature.name for feature in FEATURES]
+try:
+    GRPOConfig(**kwargs, reward_scale=0.0)
+    raise SystemExit("reward_scale=0.0 was accepted")
+except ValueError as error:
+    assert "reward_scale must be a finite number in (0, 10], got 0.0" in str(error), error
+args = GRPOConfig(**kwargs, reward_scale="2.5", reward_scale_from_step="1")
+dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(16, seed=0)))
+trainer = GRPOTrainer(model, lambda completions, **_: [float(len(c)) for c in completions], args, dataset)
+trainer.train()
+print(json.dumps({"features": list(trainer.features), "scaled": trainer.features["reward_scale"].scaled}))
+"""
+
+
+def test_a_new_feature_with_settings_touches_three_places(tmp_path, tiny_model_dir):
+    """Issue #61: a feature with two settings added to a copy of the package as `docs/adding-a-feature.md` says
+    touches three places: its folder, `composition.py` and its docs page. With nothing else changed, `GRPOConfig`
+    has its fields, checks their ranges and documents them (also in the generated configuration reference), the
+    site's nav lists its page, and the trainer builds it and calls it at its point of the step."""
+    root = tmp_path / "repository"
+    shutil.copytree(PACKAGE, root / "trl_grpo_ext", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPOSITORY / "docs", root / "docs")
+    before = {path.relative_to(root): path.read_bytes() for path in root.rglob("*") if path.is_file()}
+    _add_reward_scale(root)
+    after = {path.relative_to(root): path.read_bytes() for path in root.rglob("*") if path.is_file()}
+    changed = {path for path in after if before.get(path) != after[path]}
+    places = {path.parts[1] if path.parts[:2] == ("trl_grpo_ext", "reward_scale") else str(path) for path in changed}
+    assert places == {"reward_scale", "trl_grpo_ext/composition.py", "docs/features/reward-scale.md"}
+
+    sys.path.insert(0, str(REPOSITORY / "docs" / "hooks"))
+    try:
+        import reference  # the docs hook, read statically: the configuration reference and the nav
+    finally:
+        sys.path.remove(str(REPOSITORY / "docs" / "hooks"))
+    assert "> Parameters that control the reward scale" in reference.config_docstring(str(root))
+    nav = [{"Features": [{"Resume": "features/resume.md"}]}]
+    pages = reference.feature_pages(nav, str(root / "docs"))[0]["Features"]
+    assert {"Reward scale": "features/reward-scale.md"} in pages
+
+    kwargs = small_grpo_kwargs(tmp_path / "out", max_steps=2, beta=0.0)
+    run = subprocess.run([sys.executable, "-c", NEW_FEATURE_RUN, str(root), tiny_model_dir, json.dumps(kwargs)],
+                         cwd=root, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == {"features": ["reward_scale"], "scaled": [1]}
 
 
 def test_a_regroup_event_names_each_new_groups_parents():
@@ -375,12 +420,13 @@ def test_the_top_level_is_a_few_modules_each_worth_its_own_file():
 
 
 def test_the_trainer_imports_each_feature_by_name():
-    """Issue #61: the package's features are imported by name in `trainer.py` (`PACKAGE_FEATURES`), not found by a
-    glob over the folders, and they are exactly the features `STEP` names."""
+    """Issue #61: the package's features are imported by name in `composition.py` (`PACKAGE_FEATURES`), not found by
+    a glob over the folders, and they are exactly the features `STEP` names."""
     names = {name for acting in STEP.values() for name in acting}
     assert {feature.name for feature in PACKAGE_FEATURES} == names
-    source = (PACKAGE / "trainer.py").read_text()
-    assert ".glob(" not in source and "import_module" not in source
+    for module in ("composition.py", "trainer.py"):
+        source = (PACKAGE / module).read_text()
+        assert ".glob(" not in source and "import_module" not in source
 
 
 def _core_modules() -> list[Path]:
@@ -419,9 +465,9 @@ def test_the_test_settings_hide_no_warning_category_wholesale():
     assert filters and all(re.match(r"ignore:[^:]+:\w+Warning$", line) for line in filters), filters
 
 
-# The trainer's properties that hand out a feature's state (`GRPOTrainer.policy_groups`, ...), by the feature's name.
-STATE_PROPERTIES = {"policy_groups": "policy_groups", "entropy_reg_state": "entropy_reg", "grad_reg_state": "grad_reg",
-                    "fast_generation": "fast_generation"}  # fmt: skip
+# The trainer attributes that hand out a feature's state (`Feature.exposes`: `trainer.policy_groups`, ...), by the
+# feature's name.
+STATE_PROPERTIES = {f.exposes: f.name for f in PACKAGE_FEATURES if f.exposes is not None}
 
 
 def _feature_folder(feature: type[Feature]) -> Path:

@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT, small_grpo_kwargs
 from trl_grpo_ext import GRPOConfig
+from trl_grpo_ext.composition import FeatureFields
 from trl_grpo_ext.config import FEATURE_CONFIGS, TRLGRPOConfig, own_fields
 from trl_grpo_ext.field_checks import ConfigPart, Range, allowed, check_field
 
@@ -361,9 +362,11 @@ def test_a_temperature_in_generation_kwargs_warns_that_log_probabilities_use_tem
 
 
 def test_the_config_bases_are_the_parts_in_reverse_order():
-    """Issue #61: `GRPOConfig` names its bases (for type checkers), and they are each part's fields in reverse
-    `FEATURE_CONFIGS` order, then TRL's config: the order in which dataclasses collect TRL's fields first."""
-    assert GRPOConfig.__bases__ == (*(part.fields for part in reversed(FEATURE_CONFIGS)), TRLGRPOConfig)
+    """Issue #61: `GRPOConfig`'s bases are named (for type checkers): `composition.FeatureFields`, whose bases are each
+    part's fields in reverse `FEATURE_CONFIGS` order, then TRL's config: the order in which dataclasses collect TRL's
+    fields first."""
+    assert GRPOConfig.__bases__ == (FeatureFields, TRLGRPOConfig)
+    assert FeatureFields.__bases__ == tuple(part.fields for part in reversed(FEATURE_CONFIGS))
 
 
 def test_a_type_checker_reports_a_misspelt_and_a_wrong_typed_field(tmp_path):

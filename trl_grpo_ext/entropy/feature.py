@@ -1,5 +1,5 @@
 """The trainer wiring of entropy regularization: `EntropyReg`, the feature the trainer calls at the points of a step
-that `trainer.STEP` lists for it; it calls the modes of `GRPOConfig.entropy_reg` (`modes`) at fixed points of TRL's
+that `composition.STEP` lists for it; it calls the modes of `GRPOConfig.entropy_reg` (`modes`) at fixed points of TRL's
 loss. The formulas are in `bonus`, `covariance` and `controller`.
 
 TRL's `_compute_loss` computes the per-token log-probabilities and entropies with `_get_per_token_logps_and_entropies`
@@ -88,6 +88,7 @@ class EntropyReg(Feature):
     """
 
     name = "entropy_reg"
+    exposes = "entropy_reg_state"
     reads = ("policy_groups",)
     writes = ("batch['advantages']", "output['completion_scored']")
 

@@ -1,5 +1,5 @@
 """The trainer wiring of fast generation: `FastGenerationFeature`, which the trainer enters around each of TRL's
-generations (the `generation` point of `trainer.STEP`, TRL's `_generate_single_turn` through `trl_contact`).
+generations (the `generation` point of `composition.STEP`, TRL's `_generate_single_turn` through `trl_contact`).
 
 TRL 1.16 generates each batch in `_generate_single_turn`: it unwraps the policy (`unwrap_model_for_generation`) and
 calls `unwrapped_model.generate(**inputs, generation_config=self.generation_config)`.
@@ -214,6 +214,7 @@ class FastGenerationFeature(Feature):
     """
 
     name = "fast_generation"
+    exposes = "fast_generation"
     writes = ("trainer.generation_config", "policy.generate")
 
     def __init__(self, trainer, fell_back: str | None = None):
@@ -224,6 +225,11 @@ class FastGenerationFeature(Feature):
         self._reported: set[str] = set()  # the kinds of `error_reports.COMPILE_TROUBLE` warned about so far
         self._fallback_logged = fell_back is None  # a fall back decided at init is logged at the first generation
         self._release = False  # fell back, and the fast path's memory not yet freed
+
+    def exposed(self) -> "FastGeneration | None":
+        """`trainer.fast_generation`: the `FastGeneration` (merge and static-cache sizer), None before the first
+        generation and once fallen back."""
+        return self.fast
 
     @classmethod
     def build(cls, trainer) -> "FastGenerationFeature | None":

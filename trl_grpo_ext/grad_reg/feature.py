@@ -1,6 +1,6 @@
 """The trainer wiring of adaptive gradient regularization: `GradReg`, the feature the trainer calls at the points of a
-step that `trainer.STEP` lists for it; it calls the modes of `GRPOConfig.grad_reg` (`modes`) where transformers clips
-the gradients. The formulas are in `clipping` and `adaptive_kl`, the state in `state`.
+step that `composition.STEP` lists for it; it calls the modes of `GRPOConfig.grad_reg` (`modes`) where transformers
+clips the gradients. The formulas are in `clipping` and `adaptive_kl`, the state in `state`.
 
 Where it acts: transformers calls `_clip_grad_norm(model)` once per optimizer step, after the gradients are summed
 over micro-batches and synchronized across processes, before `optimizer.step()`; the learning-rate scheduler steps
@@ -78,6 +78,7 @@ class GradReg(Feature):
     """
 
     name = "grad_reg"
+    exposes = "grad_reg_state"
     writes = ("trainer.beta", "deepspeed clip_grad")
 
     def __init__(self, trainer):

@@ -1,5 +1,5 @@
 """The trainer wiring of dynamic policy grouping: `PolicyGroups`, the feature the trainer calls at the points of a
-step that `trainer.STEP` lists for it. The formulas are in the other modules of this folder, the state in `state`.
+step that `composition.STEP` lists for it. The formulas are in the other modules of this folder, the state in `state`.
 """
 
 import logging
@@ -66,6 +66,7 @@ class PolicyGroups(Feature):
     """
 
     name = "policy_groups"
+    exposes = "policy_groups"
     reads = ("prompt_skip",)
     writes = ("output['advantages']", "output['policy_group_ids']")
 

@@ -1,5 +1,5 @@
 """The trainer wiring of prompt skipping: `PromptSkip`, the feature the trainer calls at the points of a step that
-`trainer.STEP` lists for it.
+`composition.STEP` lists for it.
 
 By default (`prompt_skip_refill=False`) a skipped prompt is not replaced: TRL's sampler (or the policy groups) draws
 the generation batch as without skipping, and `skip_prompts` takes the skipped prompts out of it before generation,

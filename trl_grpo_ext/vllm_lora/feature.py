@@ -1,6 +1,6 @@
 """The trainer wiring of adapter-only LoRA sync: `vllm_lora_engine`, entered around TRL's `__init__` (the engine is
 built there, with a fixed argument list), and `VLLMLoRASync`, entered around each of TRL's generations (the
-`generation` point of `trainer.STEP`, TRL's `_generate_single_turn`, which syncs when the step changed and then
+`generation` point of `composition.STEP`, TRL's `_generate_single_turn`, which syncs when the step changed and then
 generates through its `VLLMGeneration`).
 
 With `vllm_lora_sync="adapter"`:
