@@ -5,9 +5,10 @@ traces and how often (`unique_graphs`), the one static cache and its addresses, 
 generation. dynamo traces the same graphs whatever the backend; `aot_eager` runs them through AOTAutograd in eager
 mode instead of building C++ kernels (inductor's CPU build of the lever test's decode step: 48 s in CI on a cold
 cache, 2 cores; 4-5 s with `aot_eager`). Inductor is what matters on the card, and the GPU-marked tests
-(`tests/gpu/test_generation_gpu.py`, `benchmarks/gpu_checks.py`) compile with it, CUDA graphs included; they have not
-run on a GPU yet, so until they do, CI compiles nothing with inductor. `TRL_GRPO_EXT_TEST_CPU_COMPILE_BACKEND=inductor
-make test` runs the CPU compile tests with inductor (all passed with it when this module was written).
+(`tests/gpu/test_generation_gpu.py`, `benchmarks/generation/gpu_checks.py`) compile with it, CUDA graphs included;
+they have not run on a GPU yet, so until they do, CI compiles nothing with inductor.
+`TRL_GRPO_EXT_TEST_CPU_COMPILE_BACKEND=inductor make test` runs the CPU compile tests with inductor (all passed with
+it when this module was written).
 
 tests/conftest.py sets `BACKEND_ENV` for the session, unless it is set already (subprocesses inherit it: the
 two-process job's workers call `use_backend_from_env`), and patches the function once for the session, before any

@@ -1,7 +1,8 @@
 """MkDocs hook: links from the docs to files of the repository outside `docs/` work on the site as on a code host.
 
-A page links to a repository file with a relative path, as a code host resolves it (`../benchmarks/README.md#gradient-
-spikes`, `../../recipes/configs/demo_cpu.yaml`). MkDocs knows only `docs/`, so this hook, when the site is built:
+A page links to a repository file with a relative path, as a code host resolves it
+(`../benchmarks/grad_reg/README.md#gradient-spikes`, `../../recipes/configs/demo_cpu.yaml`). MkDocs knows only
+`docs/`, so this hook, when the site is built:
 
 - checks that every such target exists in the repository (a missing one fails the build, naming the page and link);
 - adds each Markdown target (e.g. `benchmarks/README.md`) to the site as a page under `repo/`, whose own links are

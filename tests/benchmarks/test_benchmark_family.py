@@ -1,16 +1,16 @@
 """The policy-group family benchmark's widened mixes and its report of the oracle's gain
-(`benchmarks/policy_groups_learning.py`, issue #31); the entropy-target family's verdict
-(`benchmarks/entropy_target_family.py`, issue #33)."""
+(`benchmarks/policy_groups/policy_groups_learning.py`, issue #31); the entropy-target family's verdict
+(`benchmarks/entropy/entropy_target_family.py`, issue #33)."""
 
 import math
 
 import pytest
 
-from tests.benchmarks.test_benchmark_sampling import harness
+from tests.benchmarks.test_benchmark_sampling import benchmark_module
 
 
 def test_widened_mixes_hold_640_prompts_in_their_shares():
-    module = harness()
+    module = benchmark_module()
     for mix, (groups, _) in module.WIDE_MIXES.items():
         assert sum(share for _, share in groups.values()) == pytest.approx(1.0), mix
         rows = module.group_rows(mix, prompts=module.MIX_PROMPTS[mix])
@@ -20,7 +20,7 @@ def test_widened_mixes_hold_640_prompts_in_their_shares():
 
 
 def test_gated_rewards_start_at_zero_and_grow_with_the_completion():
-    tasks = harness().TASKS
+    tasks = benchmark_module().TASKS
     brevity, _ = tasks["brevity_gate"]
     assert brevity("x", 24) == 0.0 and brevity("x", 18) == 0.0 and brevity("x", 9) == 0.5
     digits, _ = tasks["digit_gate"]
@@ -28,7 +28,7 @@ def test_gated_rewards_start_at_zero_and_grow_with_the_completion():
 
 
 def test_share_of_the_oracles_gain():
-    share = harness().share_captured
+    share = benchmark_module().share_captured
     assert share(0.8, 0.6) == pytest.approx(0.5)  # half of the oracle's 0.4
     assert share(0.6, 0.6) == pytest.approx(1.0)
     assert share(1.1, 0.6) == pytest.approx(-0.25)  # slower than stock TRL
@@ -36,7 +36,7 @@ def test_share_of_the_oracles_gain():
 
 
 def test_summary_compares_the_seeds_every_variant_ran():
-    module = harness()
+    module = benchmark_module()
     run = lambda variant, seed, steps: {"mix": "base4", "seed": seed, "variant": variant, "steps": steps}  # noqa: E731
     results = [run("trl", 0, 100), run("trl", 1, 80), run("trl", 2, 60), run("oracle", 0, 50), run("oracle", 1, 40),
                run("ours", 0, 75), run("ours", 1, 60)]  # fmt: skip
@@ -55,7 +55,7 @@ def _family_run(task, variant, entropy, final_reward, target=1.0, seed=0):
 
 
 def test_entropy_family_held_share_is_the_lowest_5_step_mean_after_the_crossing():
-    held_share = harness("entropy_target_family").held_share
+    held_share = benchmark_module("entropy/entropy_target_family").held_share
     # a one-step dip to 0.3 amid readings at the target: the 5-step means are 0.86 at their lowest, it held
     assert held_share([3.0, 1.0, 1.0, 0.3, 1.0, 1.0, 1.0, 1.0], 1, 1.0) == pytest.approx(0.86)
     # a sustained fall to 0.8 of the target does not: 5 steps at 0.8 average 0.8
@@ -67,7 +67,7 @@ def test_entropy_family_held_share_is_the_lowest_5_step_mean_after_the_crossing(
 
 
 def test_entropy_family_verdict_leaves_the_stress_tasks_out():
-    module = harness("entropy_target_family")
+    module = benchmark_module("entropy/entropy_target_family")
     assert module.STRESS < set(module.TASKS) and not module.STRESS & {"digits8", "digits8_pretrained"}
     run = _family_run
     held = [run("digits8", "trl", [6.6, 0.1], 0.90, None), run("digits8", "relative", [6.6] + [0.9] * 5, 0.89),
@@ -100,7 +100,7 @@ def test_entropy_family_verdict_leaves_the_stress_tasks_out():
 def test_entropy_family_reports_the_noise_of_one_step():
     """Per task the spread of stock TRL's step-1 entropy over seeds (relative standard deviation), per run the
     residual step-to-step noise after the crossing (the differences' standard deviation / sqrt 2 / target)."""
-    module = harness("entropy_target_family")
+    module = benchmark_module("entropy/entropy_target_family")
     run = _family_run
     results = [run("digits8", "trl", [0.8, 0.1], 1.0, None, seed=0),
                run("digits8", "trl", [1.2, 0.1], 1.0, None, seed=1),
@@ -115,7 +115,7 @@ def test_entropy_family_reports_the_noise_of_one_step():
 def test_entropy_family_bound_takes_the_best_static_bonus_per_seed():
     """The bound: a seed passes if any static bonus (`fixed<c>`) both held its entropy (its 5-step mean >= 0.85 of the
     target) and ended within 0.02 of stock TRL's reward on it; one that held only by losing reward does not count."""
-    module = harness("entropy_target_family")
+    module = benchmark_module("entropy/entropy_target_family")
 
     def run(seed, variant, held, final_reward):  # entropy after the crossing at `held` x the target 0.135
         entropy = [0.9] if held is None else [0.9] + [held * 0.135] * 5

@@ -1,8 +1,7 @@
-"""The benchmarks' common random numbers (`benchmarks/policy_groups_learning.couple_sampling`): a draw from the
-model's distribution, the same completion for a prompt whatever else its batch holds."""
+"""The benchmarks' common random numbers (`benchmarks/policy_groups/policy_groups_learning.couple_sampling`): a
+draw from the model's distribution, the same completion for a prompt whatever else its batch holds."""
 
 import importlib.util
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -12,17 +11,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from tests.conftest import REPO_ROOT
 
 
-def harness(name: str = "policy_groups_learning"):
-    """The benchmark script `benchmarks/{name}.py` as a module."""
-    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))  # its own imports (family_common)
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "benchmarks" / f"{name}.py")
+def benchmark_module(path: str = "policy_groups/policy_groups_learning"):
+    """The benchmark script `benchmarks/{path}.py` as a module (it imports `benchmarks.harness` itself)."""
+    spec = importlib.util.spec_from_file_location(path.rsplit("/", 1)[-1], REPO_ROOT / "benchmarks" / f"{path}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_keyed_gumbel_draws_from_the_softmax_at_the_temperature():
-    module = harness()
+    module = benchmark_module()
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5]]).repeat(20_000, 1)
     temperature = 0.7
     processor = module.KeyedGumbel(
@@ -40,7 +38,7 @@ def test_keyed_gumbel_draws_from_the_softmax_at_the_temperature():
 
 
 def test_a_prompt_gets_the_same_completions_whatever_else_the_batch_holds(tiny_model_dir):
-    module = harness()
+    module = benchmark_module()
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     trainer = SimpleNamespace(model=model, state=SimpleNamespace(global_step=3))

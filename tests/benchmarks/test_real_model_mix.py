@@ -1,6 +1,6 @@
-"""The real-model task mix of issue #60 (benchmarks/real_model_mix.py): its groups and rewards, the steps-to-threshold
-arithmetic of its report, and the 2-step smoke of the script on the tiny model (the grid itself runs SmolLM2-135M,
-outside CI)."""
+"""The real-model task mix of issue #60 (benchmarks/real_model/real_model_mix.py): its groups and rewards, the
+steps-to-threshold arithmetic of its report, and the 2-step smoke of the script on the tiny model (the grid itself runs
+SmolLM2-135M, outside CI)."""
 
 import importlib.util
 import json
@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
-spec = importlib.util.spec_from_file_location("real_model_mix", REPO_ROOT / "benchmarks" / "real_model_mix.py")
+spec = importlib.util.spec_from_file_location("real_model_mix", REPO_ROOT / "benchmarks/real_model/real_model_mix.py")
 mix = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mix)
 

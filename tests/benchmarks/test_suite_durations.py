@@ -1,4 +1,4 @@
-"""benchmarks/suite_durations.py: the test suite's time by pattern, from two `pytest --durations=0` logs."""
+"""benchmarks/timing/suite_durations.py: the test suite's time by pattern, from two `pytest --durations=0` logs."""
 
 import importlib.util
 
@@ -22,7 +22,9 @@ AFTER = """\
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("suite_durations", REPO_ROOT / "benchmarks" / "suite_durations.py")
+    spec = importlib.util.spec_from_file_location(
+        "suite_durations", REPO_ROOT / "benchmarks/timing/suite_durations.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -2,7 +2,7 @@
 training with a compiled decode step (CUDA graphs) that compiles once, and what the presets run (in-place and copy
 merges with compilation, LoRA and 4-bit, bf16 and fp16) recording its CUDA graphs once over 50 generations.
 
-`generation_probe` and `cudagraph_recordings` are also the re-record probe of `benchmarks/gpu_checks.py`."""
+`generation_probe` and `cudagraph_recordings` are also the re-record probe of `benchmarks/generation/gpu_checks.py`."""
 
 import random
 import time

@@ -169,9 +169,10 @@ def test_pi_controller_with_a_horizon_acts_before_a_fast_fall_crosses_the_target
 
 
 def test_look_ahead_ignores_a_fall_within_the_entropys_own_noise_but_not_a_steady_one():
-    """SmolLM2-135M's first steps (benchmarks/results/entropy_target_smollm2_30.json): the entropy moves +-0.3 nats
-    about 2 nats, far above a 0.33-nat target; with band 0 the filtered fall of step 5 (-0.15/step) looks like a fall
-    to 0 within 12 steps and sets off a 0.39 bonus; within the default band of 2 standard errors it is noise."""
+    """SmolLM2-135M's first steps (benchmarks/entropy/results/entropy_target_smollm2_30.json): the entropy moves
+    +-0.3 nats about 2 nats, far above a 0.33-nat target; with band 0 the filtered fall of step 5 (-0.15/step) looks
+    like a fall to 0 within 12 steps and sets off a 0.39 bonus; within the default band of 2 standard errors it is
+    noise."""
     noisy = [2.194, 1.964, 2.132, 2.211, 1.860]
     band = GRPOConfig.entropy_pi_noise_band
     assert band == 2.0

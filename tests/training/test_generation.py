@@ -702,7 +702,8 @@ def load_throughput_benchmark():
 
     from tests.conftest import REPO_ROOT
 
-    spec = importlib.util.spec_from_file_location("gpu_throughput", REPO_ROOT / "benchmarks" / "gpu_throughput.py")
+    path = REPO_ROOT / "benchmarks" / "generation" / "gpu_throughput.py"
+    spec = importlib.util.spec_from_file_location("gpu_throughput", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -723,10 +724,10 @@ def results_snapshot(folder) -> tuple[dict, str | None]:
 
 
 def test_gpu_throughput_benchmark_runs_in_cpu_smoke_mode(tmp_path, monkeypatch):
-    """`benchmarks/gpu_throughput.py --device cpu --tiny`: four configurations of the 8 GB preset (stock, the preset,
-    in-place merge, QLoRA with copy and compile; every configuration's training is checked against stock generation
-    above), each in its own process, with timings, tokens and the estimate; the table and JSON written, by default
-    into the temp directory: a smoke run leaves the tracked benchmarks/results/ as it was."""
+    """`benchmarks/generation/gpu_throughput.py --device cpu --tiny`: four configurations of the 8 GB preset (stock,
+    the preset, in-place merge, QLoRA with copy and compile; every configuration's training is checked against stock
+    generation above), each in its own process, with timings, tokens and the estimate; the table and JSON written, by
+    default into the temp directory: a smoke run leaves the tracked benchmarks/generation/results/ as it was."""
     import json
     import tempfile
 
@@ -734,13 +735,13 @@ def test_gpu_throughput_benchmark_runs_in_cpu_smoke_mode(tmp_path, monkeypatch):
 
     benchmark = load_throughput_benchmark()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the system's temp directory, for this run
-    results = REPO_ROOT / "benchmarks" / "results"
+    results = REPO_ROOT / "benchmarks" / "generation" / "results"
     before = results_snapshot(results)
     configs = ["stock", "preset", "inplace", "qlora_copy_compile"]
     argv = ["--device", "cpu", "--tiny", "--steps", "2", "--presets", "8gb", "--configs", *configs]  # no --output-dir
     assert benchmark.main(argv) == 0
-    # Nothing written, changed or added under benchmarks/results/ (other work may have left it dirty: compared with
-    # before the run), and git sees no file of this benchmark there as changed.
+    # Nothing written, changed or added under benchmarks/generation/results/ (other work may have left it dirty:
+    # compared with before the run), and git sees no file of this benchmark there as changed.
     after = results_snapshot(results)
     assert after == before
     assert after[1] is None or "gpu_throughput" not in after[1], after[1]
@@ -766,13 +767,13 @@ def test_gpu_throughput_benchmark_runs_in_cpu_smoke_mode(tmp_path, monkeypatch):
 def test_gpu_benchmarks_write_only_measurements_into_the_tracked_results(monkeypatch, tmp_path):
     import tempfile
 
-    load_throughput_benchmark()  # puts benchmarks/ on sys.path
-    import gpu_common
+    load_throughput_benchmark()  # puts the repository root on sys.path
+    from benchmarks import harness
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    assert gpu_common.results_dir(None, tiny=True) == tmp_path / "trl-grpo-ext-benchmarks"  # a smoke run
-    assert gpu_common.results_dir(None, tiny=False) == gpu_common.REPO_ROOT / "benchmarks" / "results"
-    assert gpu_common.results_dir("somewhere", tiny=True) == gpu_common.Path("somewhere")  # --output-dir wins
+    assert harness.results_dir(None, tiny=True) == tmp_path / "trl-grpo-ext-benchmarks"  # a smoke run
+    assert harness.results_dir(None, tiny=False) == harness.REPO_ROOT / "benchmarks" / "generation" / "results"
+    assert harness.results_dir("somewhere", tiny=True) == harness.Path("somewhere")  # --output-dir wins
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given on a machine without CUDA")

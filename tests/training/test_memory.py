@@ -468,7 +468,7 @@ def test_recipe_refuses_vllm_without_vllm_before_building_a_model(monkeypatch, t
 def load_benchmark():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gpu_memory", REPO_ROOT / "benchmarks" / "gpu_memory.py")
+    spec = importlib.util.spec_from_file_location("gpu_memory", REPO_ROOT / "benchmarks/generation/gpu_memory.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -43,8 +43,8 @@ class DoctorCallback(TrainerCallback):
 
     Attributes:
         findings: the findings warned so far, in order.
-        seconds: time spent in the checks since the start, in seconds (`benchmarks/doctor_overhead.py` compares it
-            with the step time).
+        seconds: time spent in the checks since the start, in seconds (`benchmarks/doctor/doctor_overhead.py`
+            compares it with the step time).
 
     Raises:
         ValueError: a name in `checks` that is not a check.

@@ -1,8 +1,8 @@
 """Every threshold of the run doctor's checks, with where it comes from (`THRESHOLDS`, name -> `Threshold`).
 
-"Our measurement" means `benchmarks/doctor_detection.py` on its labelled logs (`benchmarks/results/doctor_detection.*`,
-the CPU demo, the benchmarks' own runs, real runs made to fail, and synthetic logs of each failure) or the benchmark
-named.
+"Our measurement" means `benchmarks/doctor/doctor_detection.py` on its labelled logs
+(`benchmarks/doctor/results/doctor_detection.*`, the CPU demo, the benchmarks' own runs, real runs made to fail, and
+synthetic logs of each failure) or the benchmark named.
 """
 
 from dataclasses import dataclass
@@ -120,7 +120,7 @@ THRESHOLDS: dict[str, Threshold] = {
         0.1, "fraction of the starting entropy",
         "entropy collapse: the mean token entropy fell to at most this share of its value over the first window",
         "Cui et al., arXiv:2505.22617 §2 (entropy drops by an order of magnitude early, and performance saturates "
-        "with it); our measurement on benchmarks/entropy_collapse.py: stock TRL ends at 2-8% of its start",
+        "with it); our measurement on benchmarks/entropy/entropy_collapse.py: stock TRL ends at 2-8% of its start",
     ),
     "entropy_explosion_ratio": Threshold(
         2.0, "times the starting entropy",
@@ -186,8 +186,8 @@ THRESHOLDS: dict[str, Threshold] = {
         "gradient-norm spike: a logged `grad_norm` at least this multiple of the median of the "
         "`grad_spike_history` rows before it",
         "ZClip, arXiv:2504.02507 §3 (spikes are outliers against the recent norm; it clips at z > 2.5, a warning "
-        "waits for far larger ones); our benchmarks/gradient_spikes.py: stock TRL's norm moves within 3x of its "
-        "median between injected spikes",
+        "waits for far larger ones); our benchmarks/grad_reg/gradient_spikes.py: stock TRL's norm moves within 3x of "
+        "its median between injected spikes",
     ),
     "grad_spike_history": Threshold(10, "logged rows", "the rows a spike is measured against (at least 5 logged)",
                                     "ZClip's warm-up, arXiv:2504.02507 §3"),
@@ -195,15 +195,15 @@ THRESHOLDS: dict[str, Threshold] = {
         0.9, "fraction of step time",
         "generation-bound: at least this share of the step time (TRL's `step_time`) went to `model.generate` "
         "(`timing/generation`, logged with `run_doctor`)",
-        "an H200 measurement of the earlier presets (benchmarks/gpu_throughput.py; today's presets have not run on "
-        "a GPU): their 40-58 s steps were almost all generation; TRL's docs on vLLM for the same reason",
+        "an H200 measurement of the earlier presets (benchmarks/generation/gpu_throughput.py; today's presets have "
+        "not run on a GPU): their 40-58 s steps were almost all generation; TRL's docs on vLLM for the same reason",
     ),
     "memory_high": Threshold(
         0.95, "fraction of the card",
         "memory: the peak reserved CUDA memory is at least this share of the card (an out-of-memory error or "
         "allocator thrashing is near)",
         "PyTorch's CUDA caching-allocator notes (fragmentation near the limit; `expandable_segments`); our "
-        "benchmarks/gpu_memory.py",
+        "benchmarks/generation/gpu_memory.py",
     ),
     "memory_low": Threshold(
         0.4, "fraction of the card",

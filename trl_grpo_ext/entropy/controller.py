@@ -26,9 +26,9 @@ class EntropyPI:
     before the entropy crosses the target when it falls fast, while a rising entropy above the target gets none and a
     slow drift little. The band z keeps step-to-step noise from setting the look-ahead off: only the part of a fall
     beyond z standard errors of the entropy's own changes is projected, and a steady fall (each change close to the
-    trend) keeps σ_s near 0 and the full look-ahead (z chosen on benchmarks/entropy_target_smollm2.py, see
-    benchmarks/README.md). `horizon=0` is the plain PI controller, `band=0` the look-ahead without the band. The
-    bonus −c·H enters the loss (TRL's objective L = L_policy − c·H), so a larger c raises entropy. A key with no
+    trend) keeps σ_s near 0 and the full look-ahead (z chosen on benchmarks/entropy/entropy_target_smollm2.py, see
+    benchmarks/entropy/README.md). `horizon=0` is the plain PI controller, `band=0` the look-ahead without the band.
+    The bonus −c·H enters the loss (TRL's objective L = L_policy − c·H), so a larger c raises entropy. A key with no
     measurement in a step keeps its state. When policy groups change, `regroup` gives each new group the state of the
     groups its prompts came from.
 

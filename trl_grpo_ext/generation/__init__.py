@@ -19,5 +19,5 @@ the fast path does.
   a retry with TRL's generation needs, and torch's counts of recompile-limit hits and CUDA-graph skips.
 
 The memory each setting adds is in `trl_grpo_ext.consumer_gpu.memory` (`generation_copy`, the static cache); the
-speed of each is measured by `benchmarks/gpu_throughput.py`.
+speed of each is measured by `benchmarks/generation/gpu_throughput.py`.
 """

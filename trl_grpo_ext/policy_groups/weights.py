@@ -52,7 +52,8 @@ def deficit_weights(weights, reward, *, eta: float, w_min: float, w_max: float, 
     return normalize_weights(weights * (1 + eta * (reward[active].mean() - reward)), w_min, w_max, active)
 
 
-# The `learnability` rule's constants, chosen on the task family of benchmarks/policy_groups_learning.py (issue #11).
+# The `learnability` rule's constants, chosen on the task family of benchmarks/policy_groups/policy_groups_learning.py
+# (issue #11).
 PROGRESS_Z = 2.0  # a learning-progress z-score below this is "no progress"
 
 

@@ -40,8 +40,8 @@ class PromptSkipFields:
         ones whose answer is wrong), at a base keep probability measured on the run: the share of such prompts'
         visits that came out informative over that of the visits after an informative one. For data known to
         hold many such prompts. A learnable prompt that fails at first is never informative yet either, so it is
-        skipped too, and while noisy rewards move the policy it loses its signal (benchmarks/prompt_skip_family.py,
-        `benchmarks/README.md`).
+        skipped too, and while noisy rewards move the policy it loses its signal
+        (benchmarks/prompt_skip/prompt_skip_family.py, `benchmarks/prompt_skip/README.md`).
     prompt_skip_min_keep (`float`, *optional*, defaults to `0.05`):
         The lowest keep probability of any prompt (and the lowest p), so that a skipped prompt is generated for
         now and then: it may have become informative again.
@@ -59,8 +59,9 @@ class PromptSkipFields:
         it. The test waits for the run's first informative generation group: until then every group looks alike
         and the policy does not move, so testing would only slow the search for a first signal. 0 (the default)
         turns it off. For data known to hold whole groups that cannot be solved, e.g. 0.2 (chosen on
-        benchmarks/prompt_skip_family.py, `benchmarks/README.md`). A group with noisy rewards, informative from the
-        start, starts the test at once, and learnable groups that fail at first are then starved.
+        benchmarks/prompt_skip/prompt_skip_family.py, `benchmarks/prompt_skip/README.md`). A group with noisy rewards,
+        informative from the start, starts the test at once, and learnable groups that fail at first are then
+        starved.
     prompt_skip_refill (`bool`, *optional*, defaults to `False`):
         Replace each skipped prompt by the next one of the draw (inside each policy group's draw when policy
         groups are on), so the generation batch keeps its size: as many tokens a step as without skipping.
