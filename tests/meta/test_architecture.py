@@ -195,6 +195,9 @@ assert Path(trl_grpo_ext.__file__).parent == root / "trl_grpo_ext", trl_grpo_ext
 assert FEATURE_CONFIGS[-1].fields.__name__ == "RewardScaleFields"  # the first base: the last section
 assert {"reward_scale", "reward_scale_from_step"} <= {field.name for field in dataclasses.fields(GRPOConfig)}
 assert "> Parameters that control the reward scale" in GRPOConfig.__doc__
+sys.path.insert(0, str(Path(sys.argv[4]) / "docs" / "hooks"))
+import reference  # the docs hook: the configuration reference's tables, from the composed docstring
+assert "| `reward_scale_from_step` |" in reference.config_tables(GRPOConfig.__doc__)
 assert [point for point, acting in STEP.items() if "reward_scale" in acting] == ["advantages"]
 assert "reward_scale" in [feature.name for feature in FEATURES]
 try:
@@ -213,8 +216,9 @@ print(json.dumps({"features": list(trainer.features), "scaled": trainer.features
 def test_a_new_feature_with_settings_touches_three_places(tmp_path, tiny_model_dir):
     """Issue #61: a feature with two settings added to a copy of the package as `docs/adding-a-feature.md` says
     touches three places: its folder, `composition.py` and its docs page. With nothing else changed, `GRPOConfig`
-    has its fields, checks their ranges and documents them (also in the generated configuration reference), the
-    site's nav lists its page, and the trainer builds it and calls it at its point of the step."""
+    has its fields, checks their ranges and documents them (also in the configuration reference's tables, which the
+    docs hook builds from that docstring), the site's nav lists its page, and the trainer builds it and calls it at
+    its point of the step."""
     root = tmp_path / "repository"
     shutil.copytree(PACKAGE, root / "trl_grpo_ext", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(REPOSITORY / "docs", root / "docs")
@@ -227,16 +231,16 @@ def test_a_new_feature_with_settings_touches_three_places(tmp_path, tiny_model_d
 
     sys.path.insert(0, str(REPOSITORY / "docs" / "hooks"))
     try:
-        import reference  # the docs hook, read statically: the configuration reference and the nav
+        import reference  # the docs hook: the site's nav
     finally:
         sys.path.remove(str(REPOSITORY / "docs" / "hooks"))
-    assert "> Parameters that control the reward scale" in reference.config_docstring(str(root))
     nav = [{"Features": [{"Resume": "features/resume.md"}]}]
     pages = reference.feature_pages(nav, str(root / "docs"))[0]["Features"]
     assert {"Reward scale": "features/reward-scale.md"} in pages
 
     kwargs = small_grpo_kwargs(tmp_path / "out", max_steps=2, beta=0.0)
-    run = subprocess.run([sys.executable, "-c", NEW_FEATURE_RUN, str(root), tiny_model_dir, json.dumps(kwargs)],
+    run = subprocess.run([sys.executable, "-c", NEW_FEATURE_RUN, str(root), tiny_model_dir, json.dumps(kwargs),
+                          str(REPOSITORY)],
                          cwd=root, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(run.stdout.strip().splitlines()[-1]) == {"features": ["reward_scale"], "scaled": [1]}
