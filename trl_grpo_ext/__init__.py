@@ -10,9 +10,10 @@ or `trl-grpo-ext --help` does not load torch, transformers and TRL, and an entry
 filters (`cli.errors.quiet_start`) before TRL's imports log anything.
 
 The library core is this folder's modules and the feature folders (`policy_groups`, `prompt_skip`, `entropy`,
-`grad_reg`, `generation`, `doctor`); the tools are in `cli` (the `trl-grpo-ext` command, its error handling,
-export, the tiny model, optional-dependency checks) and `reporting` (the metrics table and plots); task support
-is in `gsm8k` and the consumer-GPU presets and memory estimate in `consumer_gpu`.
+`grad_reg`, `generation`, `vllm_lora`, `doctor`: `composition.py` names their features); the tools are in `cli` (the
+`trl-grpo-ext` command, its error handling, export, the tiny model, optional-dependency checks) and `reporting` (the
+metrics table and plots); task support is in `gsm8k` and the consumer-GPU presets and memory estimate in
+`consumer_gpu`.
 """
 
 import importlib

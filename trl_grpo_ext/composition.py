@@ -28,8 +28,16 @@ from .vllm_lora.feature import VLLMLoRASync
 
 # The package's features, imported by name. Defining a `Feature` subclass records it by its `name`
 # (`feature_api.FEATURE_CLASSES`), the name `STEP` uses; a feature of another package is imported by its user before
-# the trainer is built.
-PACKAGE_FEATURES = (PolicyGroups, PromptSkip, EntropyReg, GradReg, FastGenerationFeature, VLLMLoRASync, RunDoctor)
+# the trainer is built. `STEP` must name exactly these (checked below, when the package is imported).
+PACKAGE_FEATURES = (
+    PolicyGroups,
+    PromptSkip,
+    EntropyReg,
+    GradReg,
+    FastGenerationFeature,
+    VLLMLoRASync,
+    RunDoctor,
+)
 
 
 # Each feature's settings: its fields class (`<feature>/config.py`, whose `field_checks.ConfigPart` is found from it:
@@ -97,3 +105,8 @@ def step_features(step: dict[str, tuple[str, ...]]) -> tuple[type[Feature], ...]
 
 
 FEATURES = step_features(STEP)  # the package's features, in the order they are built
+if set(FEATURES) != set(PACKAGE_FEATURES):  # a feature imported but never built, or built but not imported here
+    raise ImportError(
+        f"composition.STEP names {sorted(f.name for f in FEATURES)}, PACKAGE_FEATURES holds "
+        f"{sorted(f.name for f in PACKAGE_FEATURES)}: each feature of the package belongs in both"
+    )

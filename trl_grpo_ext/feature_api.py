@@ -1,7 +1,7 @@
 """What a feature is written against: the points of a GRPO training step where this package's features act, the
 events they exchange, and `Registry`, the modes a config field picks by name.
 
-A feature (policy groups, entropy regularization, gradient regularization, fast generation) is an object that the
+A feature (the `Feature` of each feature folder of the package, `composition.PACKAGE_FEATURES`) is an object that the
 trainer builds when the feature's settings are on; it holds the trainer it works for (`self.trainer`). It overrides
 the methods of `Feature` for the points where it acts. `composition.STEP` lists, point by point, which features act
 and in which order; the trainer calls them there and nowhere else, so `composition.py` alone tells what runs when.
@@ -114,7 +114,7 @@ class Feature:
     and `composition.STEP` names the points each feature overrides (a test keeps the two in sync).
 
     A subclass that sets `name` is recorded in `FEATURE_CLASSES` under it when defined. Raises ValueError when
-    another class already took the name."""
+    another class already took the name, or the name it `exposes`."""
 
     name: str  # its key in `trainer.features`, `composition.STEP` and checkpoints
     # The trainer attribute that shows the feature's state to tests, callbacks and notebooks, or None: then
@@ -137,6 +137,10 @@ class Feature:
             return
         if name in FEATURE_CLASSES:
             raise ValueError(f"feature {name!r} is already defined ({FEATURE_CLASSES[name].__qualname__})")
+        exposes = cls.__dict__.get("exposes")
+        owner = next((other for other in FEATURE_CLASSES.values() if exposes and other.exposes == exposes), None)
+        if owner is not None:
+            raise ValueError(f"feature {name!r} exposes {exposes!r}, which feature {owner.name!r} already exposes")
         FEATURE_CLASSES[name] = cls
 
     def __init__(self, trainer):

@@ -155,6 +155,11 @@ class GRPOTrainer(TRLContact):
         self.run_already_complete = False  # set by `train`
         self.features: dict[str, Feature] = {}  # the features that are on, by name, in the order `STEP` names them
         for feature_class in step_features(STEP):
+            if feature_class.exposes in self.__dict__ or hasattr(type(self), feature_class.exposes or ""):
+                raise ValueError(
+                    f"feature {feature_class.name!r} exposes {feature_class.exposes!r}, an attribute the trainer "
+                    "already has: name its state otherwise"
+                )
             feature = feature_class.build(self)
             if feature is not None:
                 self.features[feature.name] = feature
@@ -178,6 +183,10 @@ class GRPOTrainer(TRLContact):
                 feature = self.__dict__.get("features", {}).get(feature_class.name)
                 return None if feature is None else feature.exposed()
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __dir__(self):
+        exposed = (feature_class.exposes for feature_class in FEATURE_CLASSES.values() if feature_class.exposes)
+        return sorted({*super().__dir__(), *exposed})
 
     # -- the points of a step (`STEP`): each TRL hook calls the features acting there, then or around TRL's method
 
@@ -400,7 +409,15 @@ class GRPOTrainer(TRLContact):
             )
             return
         for name, obj in self.resumable_state().items():
-            obj.load_state_dict(state[name])
+            if name in state:
+                obj.load_state_dict(state[name])
+            else:  # a feature turned on since the checkpoint was written
+                logger.warning(
+                    "%s holds no state of %s (it was off when the checkpoint was written): it starts afresh, so the "
+                    "resumed run is not the uninterrupted one",
+                    checkpoint,
+                    name,
+                )
 
 
 # The drop-in swap (`register()`): the modules that export the classes by name; `trl.trainer.grpo_trainer` itself

@@ -168,7 +168,7 @@ def _add_reward_scale(root: Path) -> None:
     edits = {  # each line of composition.py the doc names, and the same line with the feature added
         "from .vllm_lora.feature import VLLMLoRASync\n": "from .vllm_lora.feature import VLLMLoRASync\n"
         "from .reward_scale.config import RewardScaleFields\nfrom .reward_scale.feature import RewardScale\n",
-        "VLLMLoRASync, RunDoctor)\n": "VLLMLoRASync, RunDoctor, RewardScale)\n",
+        "    RunDoctor,\n)\n": "    RunDoctor,\n    RewardScale,\n)\n",
         "class FeatureFields(\n": "class FeatureFields(\n    RewardScaleFields,\n",
         '"advantages": (': '"advantages": ("reward_scale", ',
     }
@@ -209,7 +209,7 @@ args = GRPOConfig(**kwargs, reward_scale="2.5", reward_scale_from_step="1")
 dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(16, seed=0)))
 trainer = GRPOTrainer(model, lambda completions, **_: [float(len(c)) for c in completions], args, dataset)
 trainer.train()
-print(json.dumps({"features": list(trainer.features), "scaled": trainer.features["reward_scale"].scaled}))
+print(json.dumps({"features": list(trainer.features), "scaled": trainer.reward_scale_steps}))
 """
 
 
@@ -244,6 +244,30 @@ def test_a_new_feature_with_settings_touches_three_places(tmp_path, tiny_model_d
                          cwd=root, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(run.stdout.strip().splitlines()[-1]) == {"features": ["reward_scale"], "scaled": [1]}
+
+
+def test_a_feature_state_name_is_refused_when_taken(tmp_path, tiny_model_dir, monkeypatch):
+    """`Feature.exposes` names an attribute of the trainer: one another feature exposes is refused when the class is
+    defined, one the trainer has (`model`) when the trainer is built; the exposed names are in `dir(trainer)`."""
+    with pytest.raises(ValueError, match="exposes 'policy_groups', which feature 'policy_groups' already exposes"):
+        type("Shadow", (Feature,), {"name": "shadow", "exposes": "policy_groups"})
+    assert "shadow" not in FEATURE_CLASSES
+    dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(16, seed=0)))
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=1))
+    build = classmethod(lambda cls, trainer: None)
+    type("ModelShadow", (Feature,), {"name": "model_shadow", "exposes": "model", "build": build})
+    try:
+        monkeypatch.setitem(STEP, "advantages", (*STEP["advantages"], "model_shadow"))
+        with pytest.raises(ValueError, match="'model_shadow' exposes 'model', an attribute the trainer already has"):
+            GRPOTrainer(tiny_model_dir, length_reward, args, dataset)
+    finally:
+        FEATURE_CLASSES.pop("model_shadow")
+    monkeypatch.undo()
+    trainer = GRPOTrainer(tiny_model_dir, length_reward, args, dataset)
+    assert {"policy_groups", "grad_reg_state", "fast_generation"} <= set(dir(trainer))
+    assert trainer.policy_groups is None
+    with pytest.raises(AttributeError, match="'GRPOTrainer' object has no attribute 'polciy_groups'"):
+        trainer.polciy_groups  # noqa: B018
 
 
 def test_a_regroup_event_names_each_new_groups_parents():

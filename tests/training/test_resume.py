@@ -141,6 +141,19 @@ def test_truncated_checkpoint_file_is_skipped_and_named(tmp_path, tiny_model_dir
     assert trainer.state.global_step == 7
 
 
+def test_a_feature_turned_on_at_resume_starts_afresh_and_says_so(tmp_path, tiny_model_dir, caplog, default_run):
+    """A checkpoint written with every feature off, resumed with ZClip on (a feature that keeps state): ZClip starts
+    from its initial state, the warning names the checkpoint and the feature, and the run trains to its end."""
+    out = _copy_of(default_run, tmp_path / "run")
+    trainer, _ = build_trainer({"max_steps": 7, "grad_reg": ["zclip"]}, tiny_model_dir, str(out))
+    with caplog.at_level(logging.WARNING, logger="trl_grpo_ext.trainer"):
+        trainer.train(resume_from_checkpoint=str(out / "checkpoint-6"))
+    assert f"{out / 'checkpoint-6'} holds no state of grad_reg (it was off when the checkpoint was written)" in (
+        caplog.text
+    )
+    assert trainer.state.global_step == 7 and trainer.grad_reg_state is not None
+
+
 def _snapshot(folder: Path) -> dict[str, tuple[int, bytes] | None]:
     """Every file (modification time in ns, contents) and every folder (None) under `folder`, by relative path."""
     return {

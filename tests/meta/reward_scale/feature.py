@@ -12,6 +12,7 @@ class RewardScale(Feature):
     """
 
     name = "reward_scale"
+    exposes = "reward_scale_steps"  # trainer.reward_scale_steps: `scaled`, None while the feature is off
     writes = ("output['advantages']",)
 
     @classmethod
@@ -21,6 +22,9 @@ class RewardScale(Feature):
     def __init__(self, trainer):
         super().__init__(trainer)
         self.scaled: list[int] = []
+
+    def exposed(self) -> list[int]:
+        return self.scaled
 
     def advantages(self, output: dict) -> None:
         if self.trainer.state.global_step >= self.trainer.args.reward_scale_from_step:
