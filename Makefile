@@ -19,12 +19,14 @@ demo: $(VENV)/.installed
 # The suite on $(TEST_WORKERS) pytest-xdist workers, one torch thread each (tests/conftest.py): its training runs are
 # tiny and gain nothing from a second thread, so 2 workers on 2 cores finish in about 0.6 of one's time. The shared
 # two-process job (tests/two_process.py) runs once, in the first worker that needs it. TEST_WORKERS=0: one process.
+# --dist worksteal: a worker that runs out of tests takes half of the other's queue, so neither idles while the
+# other works through a run of slow training tests (tests/training sits between fast folders).
 # TESTS: what pytest collects (`make test TESTS=tests/unit`: the tests without a model, about a minute;
 # `TESTS=tests/unit/test_rewards.py`: one file); ARGS add options such as -k.
 TEST_WORKERS ?= 2
 TESTS ?= tests
 test: $(VENV)/.installed
-	$(PY) -m pytest $(TESTS) --ignore=tests/engines -n $(TEST_WORKERS) $(ARGS)
+	$(PY) -m pytest $(TESTS) --ignore=tests/engines -n $(TEST_WORKERS) --dist worksteal $(ARGS)
 
 # The real engines (tests/engines/): DeepSpeed ZeRO-2 and ZeRO-3 and FSDP2 on 2 CPU processes over gloo, and TRL's
 # vLLM colocate mode on vLLM's CPU build, in an environment of their own outside the clone (scripts/engines_setup.sh;
@@ -55,7 +57,7 @@ OLDEST_TESTS ?= tests/unit/test_trl_contact.py \
 	tests/training/test_generation.py::test_repeated_input_grad_hooks_are_cut_with_fast_generation_and_pile_up_without
 test-oldest: $(VENV)/.installed
 	bash scripts/oldest_overlay.sh $(VENV) .oldest
-	PYTHONPATH=.oldest $(PY) -m pytest $(OLDEST_TESTS) -n $(TEST_WORKERS) $(ARGS)
+	PYTHONPATH=.oldest $(PY) -m pytest $(OLDEST_TESTS) -n $(TEST_WORKERS) --dist worksteal $(ARGS)
 
 # `pip install .` as a user gets it (scripts/wheel_check.sh): what the wheel holds (the package and its model configs,
 # no tests, benchmarks or recipes), then, in a clean venv with torch installed first, the import and the command.

@@ -178,11 +178,14 @@ def _add_reward_scale(root: Path) -> None:
     composition.write_text(source)
 
 
-# Run in the copy of the package with the reward scale added: its config, docstring, `STEP` and a two-step run.
+# Run in the copy of the package with the reward scale added: first what importing the trainer loads (every module
+# of `sys.modules`, for the import test below), then its config, docstring, `STEP` and a two-step run.
 NEW_FEATURE_RUN = """
 import dataclasses, json, sys
 from pathlib import Path
 
+import trl_grpo_ext.trainer
+print(json.dumps({"loaded": sorted(sys.modules)}), flush=True)
 import trl_grpo_ext
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.composition import FEATURES, STEP
@@ -213,19 +216,34 @@ print(json.dumps({"features": list(trainer.features), "scaled": trainer.reward_s
 """
 
 
-def test_a_new_feature_with_settings_touches_three_places(tmp_path, tiny_model_dir):
-    """Issue #61: a feature with two settings added to a copy of the package as `docs/adding-a-feature.md` says
-    touches three places: its folder, `composition.py` and its docs page. With nothing else changed, `GRPOConfig`
-    has its fields, checks their ranges and documents them (also in the configuration reference's tables, which the
-    docs hook builds from that docstring), the site's nav lists its page, and the trainer builds it and calls it at
-    its point of the step."""
-    root = tmp_path / "repository"
+@pytest.fixture(scope="module")
+def reward_scale_copy(tmp_path_factory, tiny_model_dir) -> dict:
+    """A copy of the package and its docs with the reward scale added the documented way (`_add_reward_scale`), and
+    one fresh process run in it (`NEW_FEATURE_RUN`), shared by the two tests that need a fresh import: the files the
+    addition changed, the copy's root, the process, and the modules importing its trainer loaded."""
+    root = tmp_path_factory.mktemp("copy") / "repository"
     shutil.copytree(PACKAGE, root / "trl_grpo_ext", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(REPOSITORY / "docs", root / "docs")
     before = {path.relative_to(root): path.read_bytes() for path in root.rglob("*") if path.is_file()}
     _add_reward_scale(root)
     after = {path.relative_to(root): path.read_bytes() for path in root.rglob("*") if path.is_file()}
-    changed = {path for path in after if before.get(path) != after[path]}
+    kwargs = small_grpo_kwargs(root.parent / "out", max_steps=2, beta=0.0)
+    run = subprocess.run([sys.executable, "-c", NEW_FEATURE_RUN, str(root), tiny_model_dir, json.dumps(kwargs),
+                          str(REPOSITORY)],
+                         cwd=root, capture_output=True, text=True, timeout=600)  # fmt: skip
+    lines = run.stdout.strip().splitlines()
+    loaded = json.loads(lines[0])["loaded"] if lines and lines[0].startswith('{"loaded"') else None
+    return {"changed": {path for path in after if before.get(path) != after[path]}, "root": root, "run": run,
+            "loaded": loaded}  # fmt: skip
+
+
+def test_a_new_feature_with_settings_touches_three_places(reward_scale_copy):
+    """Issue #61: a feature with two settings added to a copy of the package as `docs/adding-a-feature.md` says
+    touches three places: its folder, `composition.py` and its docs page. With nothing else changed, `GRPOConfig`
+    has its fields, checks their ranges and documents them (also in the configuration reference's tables, which the
+    docs hook builds from that docstring), the site's nav lists its page, and the trainer builds it and calls it at
+    its point of the step."""
+    changed, root, run = reward_scale_copy["changed"], reward_scale_copy["root"], reward_scale_copy["run"]
     places = {path.parts[1] if path.parts[:2] == ("trl_grpo_ext", "reward_scale") else str(path) for path in changed}
     assert places == {"reward_scale", "trl_grpo_ext/composition.py", "docs/features/reward-scale.md"}
 
@@ -238,10 +256,6 @@ def test_a_new_feature_with_settings_touches_three_places(tmp_path, tiny_model_d
     pages = reference.feature_pages(nav, str(root / "docs"))[0]["Features"]
     assert {"Reward scale": "features/reward-scale.md"} in pages
 
-    kwargs = small_grpo_kwargs(tmp_path / "out", max_steps=2, beta=0.0)
-    run = subprocess.run([sys.executable, "-c", NEW_FEATURE_RUN, str(root), tiny_model_dir, json.dumps(kwargs),
-                          str(REPOSITORY)],
-                         cwd=root, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(run.stdout.strip().splitlines()[-1]) == {"features": ["reward_scale"], "scaled": [1]}
 
@@ -284,7 +298,7 @@ def test_task_support_and_the_estimator_stay_out_of_the_trainer_core():
         assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
 
 
-def test_the_library_core_imports_nothing_of_the_tools():
+def test_the_library_core_imports_nothing_of_the_tools(reward_scale_copy):
     """Issue #34: the library core (the trainer, its config and features, the feature folders) imports nothing of
     `cli` (the command line, its errors, export, the tiny model, the optional-dependency checks) or `reporting` (the
     metrics table and plots). One exception: the run doctor reads the metrics log the reporting callback writes,
@@ -298,15 +312,17 @@ def test_the_library_core_imports_nothing_of_the_tools():
         if path.parent.name == "doctor":
             bad = [name for name in bad if name not in doctor_reads]
         assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
-    # and what importing the trainer loads, through every module it imports: none of the tools, no task support
-    code = "import sys, trl_grpo_ext.trainer; print(' '.join(sorted(sys.modules)))"
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    # and what importing the trainer loads, through every module it imports, in a fresh process (the one of the
+    # package copy: the package and the reward scale, which imports only `feature_api` and `field_checks`): none of the
+    # tools, no task support
+    loaded = reward_scale_copy["loaded"]
+    assert loaded is not None, reward_scale_copy["run"].stderr[-3000:]
     outside = ("trl_grpo_ext.cli", "trl_grpo_ext.reporting", "trl_grpo_ext.gsm8k", "trl_grpo_ext.consumer_gpu")
-    assert "trl_grpo_ext.trainer" in loaded.stdout.split()
-    assert not [name for name in loaded.stdout.split() if name.startswith(outside)]
+    assert "trl_grpo_ext.trainer" in loaded and "trl_grpo_ext.reward_scale.feature" in loaded
+    assert not [name for name in loaded if name.startswith(outside)]
     # issue #61: nor the libraries only some features or tools need (k-means and TF-IDF grouping, plots, GSM8K)
     extras = ("sklearn", "matplotlib", "math_verify")
-    assert not [name for name in loaded.stdout.split() if name.split(".")[0] in extras]
+    assert not [name for name in loaded if name.split(".")[0] in extras]
 
 
 def test_every_package_folder_says_what_lives_there():

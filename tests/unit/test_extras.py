@@ -1,8 +1,9 @@
 """Issue #61: `pip install trl-grpo-ext` is the trainer and its features; the GSM8K task (math-verify), the plots
 (matplotlib) and QLoRA (bitsandbytes) come with the extras of `pyproject.toml`. Without its package, each use fails
 with one line naming the extra (`error_reports.needs_extra`), and a training run's closing plot is skipped with a
-warning instead of failing a finished run. Each test hides the package as an uninstalled one is (`sys.modules[name] =
-None` makes its import raise `ModuleNotFoundError`), in a fresh process where the import must run again."""
+warning instead of failing a finished run. A package is hidden as an uninstalled one is (`sys.modules[name] = None`
+makes its import raise `ModuleNotFoundError`): all of them in one fresh process for the core install's imports, or one
+in this process (`monkeypatch`) for a use inside a running program."""
 
 import json
 import logging
@@ -19,13 +20,6 @@ from trl_grpo_ext.error_reports import EXTRAS, MissingDependencyError, needs_ext
 from trl_grpo_ext.reporting import callbacks
 
 
-def _run_without(module: str, code: str) -> subprocess.CompletedProcess:
-    """`code` run by a fresh Python in which importing `module` fails as it does when it is not installed."""
-    hide = f"import sys; sys.modules[{module!r}] = None\n"
-    return subprocess.run([sys.executable, "-c", hide + code], capture_output=True, text=True, timeout=300,
-                          cwd=REPO_ROOT)  # fmt: skip
-
-
 def test_the_extras_of_pyproject_are_the_ones_the_messages_name():
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
@@ -33,32 +27,6 @@ def test_the_extras_of_pyproject_are_the_ones_the_messages_name():
         assert extras[extra] == [package]
         assert package in extras["all"]
         assert package not in project["dependencies"]  # the core install leaves it out
-
-
-def test_the_gsm8k_rewards_without_math_verify_name_the_extra():
-    done = _run_without(
-        "math_verify",
-        "from trl_grpo_ext.error_reports import MissingDependencyError\n"
-        "try:\n    import trl_grpo_ext.gsm8k.rewards\n"
-        "except MissingDependencyError as error:\n    print(error)\n",
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == (
-        "the GSM8K reward functions (trl_grpo_ext.gsm8k) needs math-verify, which is not installed: "
-        "pip install 'trl-grpo-ext[gsm8k]'"
-    )
-
-
-def test_the_dashboard_without_matplotlib_names_the_extra():
-    done = _run_without(
-        "matplotlib",
-        "from trl_grpo_ext.doctor.dashboard import plot_dashboard\n"
-        "from trl_grpo_ext.error_reports import MissingDependencyError\n"
-        "try:\n    plot_dashboard([{'step': 1, 'reward': 0.5}], None, 'out.png')\n"
-        "except MissingDependencyError as error:\n    print(error)\n",
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().endswith("needs matplotlib, which is not installed: pip install 'trl-grpo-ext[doctor]'")
 
 
 def test_a_finished_run_without_matplotlib_keeps_its_log_and_warns(tmp_path, monkeypatch, caplog):
@@ -94,32 +62,65 @@ def test_an_import_error_of_another_package_passes_unchanged():
     assert not isinstance(raised.value, MissingDependencyError)
 
 
-def test_the_command_and_the_trainer_need_no_extra():
+# Run by a fresh Python in which none of the extras' packages imports (the core install): the `trl-grpo-ext` command,
+# then each use of an extra, each in a fresh import of its module; prints what each printed or raised, as JSON.
+WITHOUT_EXTRAS = """
+import contextlib, io, json, runpy, sys, traceback
+for module in sys.argv[1:]:
+    sys.modules[module] = None
+seen = {}
+
+def attempt(name, use):
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            seen[name] = {"returned": use()}
+    except SystemExit as stop:
+        seen[name] = {"exit": stop.code}
+    except Exception as error:
+        seen[name] = {"raised": type(error).__name__, "message": str(error), "traceback": traceback.format_exc()}
+    seen[name].update(stdout=out.getvalue(), stderr=err.getvalue())
+
+import trl_grpo_ext.trainer, trl_grpo_ext.cli.tiny_model
+from trl_grpo_ext.cli import main
+attempt("command", lambda: main(["--help"]))
+for recipe in ("math_gsm8k.py", "eval_gsm8k.py"):
+    sys.argv = [recipe, "--help"]
+    attempt(recipe, lambda: runpy.run_path(f"recipes/{recipe}", run_name="__main__"))
+attempt("gsm8k_rewards", lambda: __import__("trl_grpo_ext.gsm8k.rewards"))
+from trl_grpo_ext.doctor.dashboard import plot_dashboard
+attempt("dashboard", lambda: plot_dashboard([{"step": 1, "reward": 0.5}], None, "out.png"))
+print(json.dumps(seen))
+"""
+
+
+def test_the_core_install_runs_the_command_and_names_the_extra_of_each_tool():
     """The core install (none of the extras' packages) imports the trainer and runs the `trl-grpo-ext` command: its
-    error handling and the tiny model read GSM8K's data format but not its reward functions."""
-    hide = "; ".join(f"sys.modules[{module!r}] = None" for module in EXTRAS)
-    code = (f"import sys; {hide}\n"
-            "import trl_grpo_ext.trainer, trl_grpo_ext.cli.tiny_model\n"
-            "from trl_grpo_ext.cli import main\n"
-            "raise SystemExit(main(['--help']))\n")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    error handling and the tiny model read GSM8K's data format but not its reward functions. Each tool that needs an
+    extra stops with one line naming it: the GSM8K recipes, even for `--help` (`SystemExit` with the line, which Python
+    prints to stderr with exit status 1, no traceback), the GSM8K reward functions and the run doctor's dashboard
+    (`MissingDependencyError`). One fresh process for all: a failed import leaves nothing in `sys.modules`, so each
+    use imports its module afresh."""
+    done = subprocess.run([sys.executable, "-c", WITHOUT_EXTRAS, *EXTRAS], capture_output=True, text=True,
+                          timeout=300, cwd=REPO_ROOT)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "tiny-model" in done.stdout
-
-
-@pytest.mark.parametrize("recipe", ["math_gsm8k.py", "eval_gsm8k.py"])
-def test_a_gsm8k_recipe_without_math_verify_stops_with_one_line(recipe):
-    """The GSM8K recipes, even for `--help`, name the `gsm8k` extra in one line when math-verify is missing."""
-    done = _run_without(
-        "math_verify",
-        f"import runpy, sys; sys.argv = [{recipe!r}, '--help']\n"
-        f"runpy.run_path('recipes/{recipe}', run_name='__main__')\n",
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["command"]["returned"] == 0, seen["command"]
+    assert "tiny-model" in seen["command"]["stdout"]
+    for recipe in ("math_gsm8k.py", "eval_gsm8k.py"):
+        assert "Traceback" not in seen[recipe]["stderr"], seen[recipe]
+        assert seen[recipe]["exit"] == (
+            f"{recipe}: error: the GSM8K reward functions (trl_grpo_ext.gsm8k) needs math-verify, which is not "
+            "installed: pip install 'trl-grpo-ext[gsm8k]'"
+        ), seen[recipe]
+    assert seen["gsm8k_rewards"]["raised"] == "MissingDependencyError", seen["gsm8k_rewards"]
+    assert seen["gsm8k_rewards"]["message"] == (
+        "the GSM8K reward functions (trl_grpo_ext.gsm8k) needs math-verify, which is not installed: "
+        "pip install 'trl-grpo-ext[gsm8k]'"
     )
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert lines[-1] == (
-        f"{recipe}: error: the GSM8K reward functions (trl_grpo_ext.gsm8k) needs math-verify, which is not "
-        "installed: pip install 'trl-grpo-ext[gsm8k]'"
+    assert seen["dashboard"]["raised"] == "MissingDependencyError", seen["dashboard"]
+    assert seen["dashboard"]["message"].endswith(
+        "needs matplotlib, which is not installed: pip install 'trl-grpo-ext[doctor]'"
     )
 
 
