@@ -49,6 +49,9 @@ def missing_packages(modules=REQUIRED) -> list[str]:
     return sorted(set(missing))
 
 
+PRESETS = ("8gb", "12gb", "16gb", "24gb")  # the consumer-card presets the GPU benchmarks measure
+
+
 def preset_path(preset: str) -> Path:
     return REPO_ROOT / "recipes" / "configs" / f"gsm8k-{preset}.yaml"
 
@@ -289,6 +292,16 @@ def results_dir(output_dir: str | None, tiny: bool) -> Path:
     if output_dir is not None:
         return Path(output_dir)
     return Path(tempfile.gettempdir()) / SMOKE_DIR_NAME if tiny else RESULTS_DIR
+
+
+def write_results(out: Path, name: str, payload: dict, table: str) -> None:
+    """Write a GPU benchmark's results as `<out>/<name>.json` (`payload`) and `<out>/<name>.md` (`table`, also
+    printed), creating `out`, and say where they went."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(payload, indent=2))
+    (out / f"{name}.md").write_text(table)
+    print(table)
+    print(f"Wrote {out / name}.json and {out / name}.md")
 
 
 def environment_problem(script: str, measures: str, device: str, import_all: bool) -> int | None:

@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the harness, also when this file is loaded by path
 from benchmarks.harness import (  # noqa: E402
+    PRESETS,
     add_common_arguments,
     cell,
     environment_problem,
@@ -45,9 +46,8 @@ from benchmarks.harness import (  # noqa: E402
     preset_model,
     results_dir,
     run_child,
+    write_results,
 )
-
-PRESETS = ("8gb", "12gb", "16gb", "24gb")
 
 
 def estimate_row(training_args, model_args, model_config, prompt_length: int) -> dict:
@@ -149,14 +149,10 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
 
     name = "gpu_memory_tiny" if args.tiny else "gpu_memory"
-    out = results_dir(args.output_dir, args.tiny)
-    out.mkdir(parents=True, exist_ok=True)
     versions = next((row["versions"] for row in rows if "versions" in row), {})
     header = f"GRPO steps per preset: {args.steps}; " + ", ".join(f"{k} {v}" for k, v in versions.items())
-    (out / f"{name}.json").write_text(json.dumps({"steps": args.steps, "versions": versions, "rows": rows}, indent=2))
-    (out / f"{name}.md").write_text(markdown(rows, header))
-    print(markdown(rows, header))
-    print(f"Wrote {out / name}.json and {out / name}.md")
+    payload = {"steps": args.steps, "versions": versions, "rows": rows}
+    write_results(results_dir(args.output_dir, args.tiny), name, payload, markdown(rows, header))
     return 1 if any("error" in row for row in rows) else 0
 
 

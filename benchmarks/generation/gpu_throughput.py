@@ -49,6 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the harness, also when this file is loaded by path
 from benchmarks.harness import (  # noqa: E402
+    PRESETS,
     add_common_arguments,
     cell,
     environment_problem,
@@ -57,9 +58,9 @@ from benchmarks.harness import (  # noqa: E402
     preset_model,
     results_dir,
     run_child,
+    write_results,
 )
 
-PRESETS = ("8gb", "12gb", "16gb", "24gb")
 STOCK = ["--generation_compile", "false", "--generation_lora_merge", "none"]
 CONFIGS = {
     "stock": STOCK,
@@ -258,17 +259,13 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = with_speedups(rows)
     name = "gpu_throughput_tiny" if args.tiny else "gpu_throughput"
-    out = results_dir(args.output_dir, args.tiny)
-    out.mkdir(parents=True, exist_ok=True)
     versions = next((row["versions"] for row in rows if "versions" in row), {})
     device = next((row["device"] for row in rows if "device" in row), args.device)
     header = f"{device}{' (--tiny: 2-layer models, a smoke run, not a speed figure)' if args.tiny else ''}; GRPO "
     header += f"steps per configuration: {args.steps} (the first not measured); "
     header += ", ".join(f"{k} {v}" for k, v in versions.items())
-    (out / f"{name}.json").write_text(json.dumps({"steps": args.steps, "device": device, "rows": rows}, indent=2))
-    (out / f"{name}.md").write_text(markdown(rows, header))
-    print(markdown(rows, header))
-    print(f"Wrote {out / name}.json and {out / name}.md")
+    payload = {"steps": args.steps, "device": device, "rows": rows}
+    write_results(results_dir(args.output_dir, args.tiny), name, payload, markdown(rows, header))
     return 1 if any("error" in row for row in rows) else 0
 
 
