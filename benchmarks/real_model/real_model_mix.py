@@ -151,9 +151,10 @@ def rows_for(variant: str, rows: list[dict]) -> list[dict]:
 
 
 def run_one(model: str, variant: str, seed: int, max_steps: int = MAX_STEPS, results: Path = RESULTS,
-            lora_targets: list[str] | None = None) -> Path:  # fmt: skip
+            lora_targets: list[str] | None = None, settings: dict | None = None) -> Path:  # fmt: skip
     """Train `variant` with `seed` (resuming from its last checkpoint if a stopped run left one) and write its result
-    file; return the file. A finished run (its file exists) is left as it is."""
+    file; return the file. A finished run (its file exists) is left as it is. `settings`: a candidate's own
+    settings, for a variant name not in `VARIANTS` (on all the mix's prompts)."""
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -162,6 +163,7 @@ def run_one(model: str, variant: str, seed: int, max_steps: int = MAX_STEPS, res
 
     from trl_grpo_ext import GRPOConfig, GRPOTrainer
 
+    settings = VARIANTS[variant] if settings is None else settings
     result = results / f"{variant}_seed{seed}.json"
     if result.is_file():
         return result
@@ -179,7 +181,7 @@ def run_one(model: str, variant: str, seed: int, max_steps: int = MAX_STEPS, res
         output_dir=str(run_dir), per_device_train_batch_size=COMPLETIONS, num_generations=4, max_completion_length=16,
         learning_rate=1e-4, max_steps=max_steps, logging_steps=1, report_to="none", save_strategy="steps",
         save_steps=SAVE_STEPS, seed=seed, use_cpu=not torch.cuda.is_available(), bf16=False, disable_tqdm=True,
-        temperature=1.0, beta=0.0, gradient_checkpointing=False, **VARIANTS[variant],
+        temperature=1.0, beta=0.0, gradient_checkpointing=False, **settings,
     )  # fmt: skip
     lora = LoraConfig(r=16, lora_alpha=32, target_modules=lora_targets or "all-linear", task_type="CAUSAL_LM")
     dataset = Dataset.from_list(rows_for(variant, mix_rows()))
@@ -189,8 +191,8 @@ def run_one(model: str, variant: str, seed: int, max_steps: int = MAX_STEPS, res
     trainer.train(resume_from_checkpoint=checkpoint)
     steps = [row for row in trainer.state.log_history if "loss" in row]
     rewards = [json.loads(line) for line in log.read_text().splitlines()]
-    result.write_text(json.dumps({"variant": variant, "seed": seed, "max_steps": max_steps, "settings":
-                                  VARIANTS[variant], "resumed_at": resumed_at, "steps": steps, "rewards": rewards},
+    result.write_text(json.dumps({"variant": variant, "seed": seed, "max_steps": max_steps, "settings": settings,
+                                  "resumed_at": resumed_at, "steps": steps, "rewards": rewards},
                                  indent=1))  # fmt: skip
     return result
 
@@ -324,6 +326,12 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="train variants x seeds, one at a time, skipping finished ones")
     run.add_argument("--model", required=True, help="the SmolLM2 folder (../shared/tools/get_smollm2.py)")
     run.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    run.add_argument(
+        "--candidate",
+        nargs=2,
+        metavar=("NAME", "SETTINGS"),
+        help="instead of --variants, one candidate: its name and its settings as JSON",
+    )
     run.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     run.add_argument("--max_steps", type=int, default=MAX_STEPS)
     rep = sub.add_parser("report", help="the table over the result files that exist")
@@ -333,6 +341,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "run":
         for seed in args.seeds:
+            if args.candidate:
+                name, settings = args.candidate
+                print(run_one(args.model, name, seed, args.max_steps, settings=json.loads(settings)), flush=True)
+                continue
             for variant in args.variants:
                 print(run_one(args.model, variant, seed, args.max_steps), flush=True)
         return 0

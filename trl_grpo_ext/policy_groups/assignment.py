@@ -195,16 +195,6 @@ def checked_assignment(names: list[str], assignment: np.ndarray, features=None) 
     return assignment
 
 
-def feature_rows(features, rows: np.ndarray):
-    """The given rows of dense or sparse `features`."""
-    return features.tocsr()[rows] if hasattr(features, "tocsr") else np.asarray(features)[rows]  # scipy sparse
-
-
-def centroid(features, rows: np.ndarray) -> np.ndarray:
-    """Mean of the given rows of dense or sparse `features`: shape (D,)."""
-    return np.asarray(feature_rows(features, rows).mean(axis=0)).ravel()
-
-
 def row_key(row: dict, fn, column: str | None) -> str | None:
     """The key that placed a dataset row in its group at the start: `fn(row)` (`policy_group_fn`) or the row's
     `column` value, as a string; None for k-means groups or a row the function cannot name."""

@@ -1,5 +1,5 @@
 """The trainer wiring of dynamic policy grouping: `PolicyGroups`, the feature the trainer calls at the points of a
-step that `composition.STEP` lists for it. The formulas are in the other modules of this folder, the state in `state`.
+step that `composition.STEP` lists for it. The formulas are in `score`, the state in `state`.
 """
 
 import logging
@@ -10,8 +10,7 @@ from accelerate.utils import gather_object
 from ..dataset_preparation import ROW_COLUMN
 from ..feature_api import Feature, Regroup, local_rows, prompts_per_draw, total_rewards
 from ..trl_contact import log_total, loss_mask, metrics
-from . import regrouping
-from .advantages import loss_weights, policy_group_advantages
+from . import regrouping, score
 from .assignment import (
     assign_from_callable,
     assign_from_column,
@@ -29,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 
 def check_policy_group_setup(args, grouping: bool) -> None:
-    """Settings that need policy groups, without them (or the reverse), as a `ValueError` naming the fields.
+    """Settings that need policy groups, without them, as a `ValueError` naming the fields.
 
     Raises:
         ValueError: grouping with `remove_unused_columns=True` (the row column would be dropped), or a grouping
@@ -40,10 +39,9 @@ def check_policy_group_setup(args, grouping: bool) -> None:
     if grouping:
         return
     changed = {
-        # `uniform` is TRL's order: harmless without groups, and the default before issue #11 (saved configs hold it)
+        # `uniform` is TRL's order: harmless without groups (saved configs of earlier versions hold it)
         "policy_group_sampling": args.policy_group_sampling not in ("learnability", "uniform"),
-        "advantage_baseline": args.advantage_baseline != "prompt",
-        "policy_group_refine_step": args.policy_group_refine_step is not None,
+        "policy_group_loss_weighting": args.policy_group_loss_weighting,
         "policy_group_regroup_steps": args.policy_group_regroup_steps is not None,
         "policy_group_warmup_steps": args.policy_group_warmup_steps is not None,
         "policy_group_fusion_start": args.policy_group_fusion_start is not None,
@@ -58,9 +56,9 @@ def check_policy_group_setup(args, grouping: bool) -> None:
 
 class PolicyGroups(Feature):
     """Dynamic policy grouping in the trainer: the groups of the training prompts (`groups`, a `PolicyGroupState`),
-    their statistics from every generation batch, the weights applied to the advantages, the prompts drawn per
-    group, and the regroups, each announced to the trainer (`trainer._announce`) for the features that follow the
-    groups.
+    their statistics from every generation batch and from the policy's log-probabilities of its completions, the
+    prompts drawn per group, the loss weights when asked for, and the regroups, each announced to the trainer
+    (`trainer._announce`) for the features that follow the groups.
 
     Built when `policy_group_column` or `policy_group_features` is set, or the trainer got `policy_group_fn`.
     """
@@ -68,13 +66,12 @@ class PolicyGroups(Feature):
     name = "policy_groups"
     exposes = "policy_groups"
     reads = ("prompt_skip",)
-    writes = ("output['advantages']", "output['policy_group_ids']")
+    writes = ("output['advantages']", "output['policy_group_ids']", "output['policy_group_completion']")
 
     def __init__(self, trainer):
         super().__init__(trainer)
         self._batch = None  # (gathered rewards per function (N, F), dataset rows (N,)) of this generation batch
-        self._entropies = None  # (B, T) entropies of the loss being computed
-        self._entropy_window = None  # (group names, (2, K) [entropy sum, completions]) over the window
+        self._logps: list[tuple[torch.Tensor, torch.Tensor]] = []  # (completion indices, mean log-probabilities)
         self._keys: list[str | None] = []  # each training row's group key (column value or function name)
         self.groups = self._build_groups()
 
@@ -90,25 +87,19 @@ class PolicyGroups(Feature):
     def _build_groups(self) -> PolicyGroupState:
         trainer = self.trainer
         args, dataset, fn = trainer.args, trainer.train_dataset, trainer.policy_group_fn
-        features = None
         if fn is not None:
             names, assignment = assign_from_callable(dataset, fn)
         elif args.policy_group_column is not None:
             names, assignment = assign_from_column(dataset, args.policy_group_column)
         else:
-            features = self._features(args.policy_group_features)
-            names, assignment = kmeans_groups(features, args.num_policy_groups, args.seed)
-        names, assignment, merges = regrouping.merge_small_groups(
-            names, assignment, args.policy_group_min_size, features, args.min_policy_groups
-        )
-        for reason in merges:
-            logger.warning("Policy groups: %s", reason)
-        self._keys = [self._key(row) for row in dataset] if features is None else []
+            names, assignment = kmeans_groups(self._features(args.policy_group_features), args.num_policy_groups,
+                                              args.seed)  # fmt: skip
+        if fn is not None or args.policy_group_column is not None:
+            self._keys = [self._key(row) for row in dataset]
         state = PolicyGroupState(
             names, torch.as_tensor(assignment), args.seed, args.policy_group_warmup_steps is not None
         )
-        state.events.extend(merges)
-        logger.info("Policy groups: %s", dict(zip(names, torch.bincount(state.assignment).tolist(), strict=True)))
+        logger.info("Policy groups: %s", dict(zip(names, state.sizes.tolist(), strict=True)))
         return state
 
     def _features(self, kind: str):
@@ -143,16 +134,13 @@ class PolicyGroups(Feature):
         else:
             self._log_eval(inputs, rewards_per_func)
 
-    def _total_rewards(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
-        return total_rewards(rewards_per_func, self.trainer.reward_weights)
-
     def _log_eval(self, inputs: list[dict], rewards_per_func: torch.Tensor) -> None:
         """Mean evaluation reward per policy group; a prompt whose group the training run does not know (or that
         k-means grouping cannot place) is reported under `unassigned`."""
         keys = [self._key(row) for row in inputs]
-        current = self._group_of_key()
+        current = group_of_key(self._keys, self.groups.assignment.tolist(), self.groups.names)
         names = gather_object([current.get(key, "unassigned") for key in keys])
-        rewards = self._total_rewards(rewards_per_func)
+        rewards = total_rewards(rewards_per_func, self.trainer.reward_weights)
         for name in sorted(set(names)):
             values = rewards[torch.tensor([n == name for n in names])]
             metrics(self.trainer, "eval")[f"policy_groups/{name}/reward"].append(torch.nanmean(values).item())
@@ -160,131 +148,122 @@ class PolicyGroups(Feature):
     def _key(self, row: dict) -> str | None:
         return row_key(row, self.trainer.policy_group_fn, self.trainer.args.policy_group_column)
 
-    def _group_of_key(self) -> dict[str, str]:
-        return group_of_key(self._keys, self.groups.assignment.tolist(), self.groups.names)
-
     def advantages(self, output: dict) -> None:
         if self.trainer.model.training:
             self.apply_policy_groups(output)
 
     def apply_policy_groups(self, output: dict) -> None:
-        """Fold the generation batch into the statistics, update the weights, regroup when due, and apply the groups
-        to TRL's advantages (B,) in `output`, adding each completion's group id (`policy_group_ids`)."""
+        """Fold the generation batch into the statistics, move the stages and the `progress` weights, regroup when
+        due, weight TRL's advantages (B,) in `output` when `policy_group_loss_weighting` is on, and add each
+        completion's group id (`policy_group_ids`) and its index in the gathered batch (`policy_group_completion`,
+        for the log-probabilities `policy_logps` notes)."""
         trainer = self.trainer
-        args, state = trainer.args, self.groups
+        args, state, accelerator = trainer.args, self.groups, trainer.accelerator
         rewards_per_func, rows = (t.cpu() for t in self._batch)  # (N, F), (N,)
-        rewards = self._total_rewards(rewards_per_func)  # (N,)
-        # (N,) tokens of TRL's loss mask (model tokens, as TRL's completion lengths); a completion masked as truncated
-        # (`mask_truncated_completions`) has none and is left out of the statistics, as out of TRL's loss
-        lengths = trainer.accelerator.gather(loss_mask(output).sum(dim=1)).cpu().double()
-        lengths[lengths == 0] = torch.nan
-        state.observe(rows[:: trainer.num_generations], rewards, lengths, num_generations=trainer.num_generations,
-                      decay=args.policy_group_ema, progress_halflife=args.policy_group_progress_halflife)  # fmt: skip
+        rewards = total_rewards(rewards_per_func, trainer.reward_weights)  # (N,)
+        # a completion TRL's loss leaves out (masked as truncated, `mask_truncated_completions`) is left out here too
+        tokens = accelerator.gather(loss_mask(output).sum(dim=1)).cpu()  # (N,)
+        rewards[tokens == 0] = torch.nan
+        state.observe(rows[:: trainer.num_generations], rewards, num_generations=trainer.num_generations,
+                      halflife=args.policy_group_halflife)  # fmt: skip
         step = trainer.state.global_step
-        self.advance_stage(step, rewards)
-        state.maybe_update_weights(step, args)
+        self.advance_stage(step)
+        state.update_progress(step, args)
         self.maybe_regroup(step)
 
         group_ids = state.assignment[rows]  # (N,)
         advantages = output["advantages"]  # (B,) this process's part of the N completions
-        start = trainer.accelerator.process_index * len(advantages)
+        start = accelerator.process_index * len(advantages)
         local = slice(start, start + len(advantages))
-        if args.advantage_baseline == "policy_group":
-            global_advantages = policy_group_advantages(rewards, group_ids, state.num_groups, trainer.scale_rewards)
-            advantages = global_advantages[local].to(advantages)
         if args.policy_group_loss_weighting:
-            used = ~torch.isnan(rewards) & ~torch.isnan(lengths)  # (N,) completions TRL's policy loss uses
-            advantages = advantages * loss_weights(state.applied_weights, group_ids, used)[local].to(advantages)
-        output["advantages"] = advantages
-        output["policy_group_ids"] = group_ids[local].to(output["completion_mask"].device)
-        for key, value in state.metrics().items():
+            used = accelerator.gather(advantages).cpu() != 0  # (N,) completions that carry a gradient
+            weights = score.loss_weights(state.loss_weights(args), group_ids, used)
+            output["advantages"] = advantages * weights[local].to(advantages)
+        output["policy_group_ids"] = group_ids[local].to(advantages.device)
+        output["policy_group_completion"] = torch.arange(start, start + len(advantages), device=advantages.device)
+        for key, value in state.metrics(args).items():
             metrics(trainer, "train")[key].append(value)
         totals = state.totals()
         if stages_requested(args):  # the stage at the logged step, not a mean of stage indices since the last log
-            totals |= {
-                "policy_groups/stage": float(state.stages.index),
-                "policy_groups/uniform_mix": state.stages.uniform_mix,
-            }
+            totals |= {"policy_groups/stage": float(state.stages.index)}
         for key, value in totals.items():
             log_total(trainer, "train", key, value)
 
+    # -- loss: the policy's log-probability of each completion
+
+    def policy_logps(self, batch: dict, logps: torch.Tensor, entropies: torch.Tensor | None) -> torch.Tensor:
+        if self.trainer.model.training and "policy_group_completion" in batch:
+            mask = loss_mask(batch).to(logps.dtype)  # (B, T)
+            mean = (logps.detach() * mask).sum(1) / mask.sum(1)  # (B,) NaN for a completion without tokens
+            self._logps.append((batch["policy_group_completion"], mean))
+        return logps
+
+    def loss_end(self, batch: dict, loss: torch.Tensor) -> torch.Tensor:
+        """At the end of an optimizer step, note the mean log-probabilities of the micro-batches since the last one
+        (summed over processes: each completion lives on one) in the pending batch, the same on every process."""
+        accelerator, pending = self.trainer.accelerator, self.groups.pending
+        if not self.trainer.model.training or not accelerator.sync_gradients or pending is None:
+            return loss
+        noted = torch.zeros(2, pending["logps"].numel(), dtype=torch.float64, device=loss.device)  # (2, N)
+        for indices, means in self._logps:
+            noted[:, indices] = torch.stack([torch.nan_to_num(means.double(), nan=0.0), ~torch.isnan(means)])
+        self._logps = []
+        noted = accelerator.reduce(noted, reduction="sum").cpu()
+        self.groups.note_logps(noted[0], noted[1] > 0)
+        return loss
+
     # -- stages
 
-    def advance_stage(self, step: int, rewards: torch.Tensor) -> None:
-        """Move the stage schedule on by this generation batch's rewards (N,) over all processes (`stages`); log each
-        stage change with its reason; at the start of fusion, merge the groups that did well."""
+    def advance_stage(self, step: int) -> None:
+        """Move the stage schedule on to `step` (`stages`); log each stage change with its reason; at the start of
+        fusion, merge the groups that did well."""
         if not stages_requested(self.trainer.args):
             return
-        valid = rewards[~torch.isnan(rewards)].double()
-        mean = float(valid.mean()) if len(valid) else float("nan")
-        std = float(valid.std()) if len(valid) > 1 else 0.0
         stages = self.groups.stages
-        for reason in stages.advance(step, mean, std, self.trainer.args, self.trainer.state.max_steps):
+        for reason in stages.advance(step, self.trainer.args, self.trainer.state.max_steps):
             logger.warning("Policy groups: %s", reason)
             self.groups.events.append(reason)
             if stages.stage == "fusion":
-                self.fusion_merges(step)
-
-    def fusion_merges(self, step: int) -> None:
-        """Merge the groups that did well, pair by pair, as `regrouping.plan_fusion_merge` plans; each merge is
-        announced."""
-        state = self.groups
-        while self._merge(regrouping.plan_fusion_merge, state.has_ema["reward"] & state.available, step, "fusion: "):
-            pass
+                while self._merge(regrouping.plan_fusion_merge, self.groups.sums["prompts"] > 0, step, "fusion: "):
+                    pass
 
     def _merge(self, plan, seen: torch.Tensor, step: int, label: str = "") -> bool:
-        """Plan a merge by `plan` (`regrouping.plan_merge` or `plan_fusion_merge`) over the EMA reward and reward std
-        of the groups `seen` (K,) (the others never match) and make it; whether a merge was made."""
-        args, state = self.trainer.args, self.groups
-        merge = plan(
-            state.names, torch.where(seen, state.ema["reward"], torch.nan).numpy(),
-            torch.where(seen, state.ema["reward_std"], torch.nan).numpy(), args.policy_group_merge_tol,
-            args.min_policy_groups,
-        )  # fmt: skip
+        """Plan a merge by `plan` (`regrouping.plan_merge` or `plan_fusion_merge`) over the reward and within-prompt
+        reward std of the groups `seen` (K,) (the others never match) and make it; whether a merge was made."""
+        args, sums = self.trainer.args, self.groups.sums
+        reward = torch.where(seen, sums["reward"] / sums["prompts"], torch.nan).numpy()
+        std = torch.where(seen, (sums["variance"] / sums["prompts"]).sqrt(), torch.nan).numpy()
+        merge = plan(self.groups.names, reward, std, args.policy_group_merge_tol, args.min_policy_groups)
         if merge is None:
             return False
         i, j, reason = merge
-        names, assignment = regrouping.apply_merge(state.names, state.assignment.numpy(), i, j)
+        names, assignment = regrouping.apply_merge(self.groups.names, self.groups.assignment.numpy(), i, j)
         self.regroup_to(names, assignment, f"step {step}: {label}{reason}")
         return True
 
     # -- regrouping
 
     def maybe_regroup(self, step: int) -> None:
-        """Refine at `policy_group_refine_step`; every `policy_group_regroup_steps`, merge two groups that behave
-        alike or else split one whose prompts' success rates are bimodal. Each regroup is announced. In warm-up
-        nothing is merged or split (the statistics are still forming); in fusion nothing is refined or split."""
+        """Every `policy_group_regroup_steps`, merge two groups that behave alike or else split one whose prompts'
+        success rates are bimodal. Each regroup is announced. Nothing is merged or split in warm-up (the statistics
+        are still forming), nothing split in fusion."""
         args, state = self.trainer.args, self.groups
-        stage = state.stages.stage
-        if (args.policy_group_refine_step is not None and not state.refined and step >= args.policy_group_refine_step
-                and stage != "fusion"):  # fmt: skip
-            state.refined = True
-            features = self._features(args.policy_group_features or "tfidf")
-            names, assignment = regrouping.refine_groups(
-                state.names, state.assignment.numpy(), features, parts=args.policy_group_refine_parts, seed=args.seed,
-                max_groups=args.max_policy_groups,
-            )  # fmt: skip
-            self.regroup_to(names, assignment, f"step {step}: refined {state.num_groups} groups into {len(names)}")
-        regroup_steps = args.policy_group_regroup_steps
+        regroup_steps, stage = args.policy_group_regroup_steps, state.stages.stage
         if stage == "warmup" or regroup_steps is None or step - state.last_regroup_step < regroup_steps:
             return
         state.last_regroup_step = step
-        # a group made by a split or refinement is not merged back before batches have been observed for it
-        if self._merge(regrouping.plan_merge, state.has_ema["reward"] & state.observed, step):
+        # a group made by a split is not merged back before batches have been observed for it
+        if self._merge(regrouping.plan_merge, (state.sums["prompts"] > 0) & state.observed, step):
             return
         if state.num_groups >= args.max_policy_groups or stage == "fusion":
             return
         for group, name in enumerate(state.names):
-            members = (state.assignment == group) & ~torch.isnan(state.prompt_success)
-            prompt_ids = members.nonzero().flatten()
-            split = regrouping.plan_split(
-                name, prompt_ids.numpy(), state.prompt_success[prompt_ids].numpy(), args.policy_group_min_size,
-                args.policy_group_split_gap,
-            )  # fmt: skip
+            members = ((state.assignment == group) & ~torch.isnan(state.prompt_success)).nonzero().flatten()
+            split = regrouping.plan_split(name, members.numpy(), state.prompt_success[members].numpy(),
+                                          args.policy_group_min_size, args.policy_group_split_gap)  # fmt: skip
             if split is not None:
-                _, high_ids, reason = split
-                names, assignment = regrouping.apply_split(state.names, state.assignment.numpy(), group, high_ids)
-                self.regroup_to(names, assignment, f"step {step}: {reason}")
+                names, assignment = regrouping.apply_split(state.names, state.assignment.numpy(), group, split[1])
+                self.regroup_to(names, assignment, f"step {step}: {split[2]}")
                 return
 
     def regroup_to(self, names: list[str], assignment, reason: str) -> None:
@@ -295,38 +274,3 @@ class PolicyGroups(Feature):
         self.trainer._announce(
             Regroup(old_names, old_assignment, tuple(self.groups.names), self.groups.assignment.clone(), reason)
         )
-
-    # -- loss: each group's entropy
-
-    def policy_logps(self, batch: dict, logps: torch.Tensor, entropies: torch.Tensor | None) -> torch.Tensor:
-        if self.trainer.model.training and entropies is not None:
-            self._entropies = entropies.detach()
-        return logps
-
-    def loss_end(self, batch: dict, loss: torch.Tensor) -> torch.Tensor:
-        entropies, self._entropies = self._entropies, None
-        if entropies is not None and "policy_group_ids" in batch:
-            self._observe_entropy(entropies, batch)
-        return loss
-
-    def _observe_entropy(self, entropies: torch.Tensor, inputs: dict) -> None:
-        """Add this micro-batch's per-group sums of token entropy and tokens (from `entropies` (B, T), nats) to the
-        accumulation window; at its end, sum over processes and fold the window's per-group mean token entropy into
-        the EMA, once per optimizer step however the step is split into micro-batches. The tokens are those of TRL's
-        `entropy` metric (`loss_mask`: a completion masked as truncated has none), so with one group the measurement
-        is TRL's `entropy` over the step. A window whose groups changed midway (a regroup at a generation batch
-        inside it) starts anew."""
-        accelerator = self.trainer.accelerator
-        mask = loss_mask(inputs).double()  # (B, T)
-        names, k = list(self.groups.names), self.groups.num_groups
-        ids = inputs["policy_group_ids"]  # set after any regroup of this generation batch, so still valid
-        sums = torch.zeros(2, k, dtype=torch.float64, device=mask.device)  # (2, K) [entropy sum, tokens]
-        sums[0].index_add_(0, ids, (entropies.double() * mask).sum(1))
-        sums[1].index_add_(0, ids, mask.sum(1))
-        window = self._entropy_window
-        self._entropy_window = (names, sums if window is None or window[0] != names else window[1] + sums)
-        if not accelerator.sync_gradients:
-            return
-        totals = accelerator.reduce(self._entropy_window[1], reduction="sum").cpu()  # (2, K)
-        self._entropy_window = None
-        self.groups.observe_entropy(totals[0] / totals[1].clamp(min=1), totals[1], self.trainer.args.policy_group_ema)

@@ -1,57 +1,12 @@
-"""Regrouping during training: refining policy groups into k-means sub-clusters (coarse to fine), merging groups that
-behave alike (at the start of fusion, among the groups that did well), splitting a group whose prompts' success rates
-are bimodal. Pure functions: the `plan_*` functions decide, the `apply_*` ones build the new `(names, assignment)` (the
-representation of `assignment`).
-
-Carrying per-group statistic arrays (shape (K,)) across a regroup is the caller's job. `state.PolicyGroupState.regroup`
-derives each new group's parents from the old and new assignments, which covers merges, splits and refinements
-alike; `remap_after_merge` and `parents_after_split` give the same maps for one merge or one split, for callers that
-keep their own arrays.
+"""Regrouping during training: merging groups that behave alike (at the start of fusion, among the groups that did
+well), splitting a group whose prompts' success rates are bimodal. Pure functions: the `plan_*` functions decide, the
+`apply_*` ones build the new `(names, assignment)`. Carrying per-group statistics across a regroup is the caller's
+job (`state.PolicyGroupState.regroup` derives each new group's share of the old ones from the two assignments).
 """
 
 import numpy as np
 
-from .assignment import centroid, checked_assignment, feature_rows, kmeans_assign
-
-
-def refine_groups(
-    names: list[str], assignment: np.ndarray, features, *, parts: int, seed: int, max_groups: int
-) -> tuple[list[str], np.ndarray]:
-    """Coarse to fine: split policy groups into up to `parts` k-means sub-clusters of their rows' `features`.
-
-    Groups are split largest first (ties: lower id) while the total stays within `max_groups`: a group of n rows is
-    split into k = min(parts, n // 2, 1 + groups still allowed) clusters (so children average 2+ rows) and is left
-    whole when k < 2, or when its rows are all identical. Children are named "<parent>/0", "<parent>/1", ... and take
-    the parent's place in the order. Deterministic: k-means per group with `seed`, canonical ids.
-
-    Raises:
-        ValueError: `parts` < 2, or `assignment`/`features` do not fit `names`.
-    """
-    assignment = checked_assignment(names, assignment, features)
-    if parts < 2:
-        raise ValueError(f"policy group refinement needs parts >= 2 (got {parts})")
-    sizes = np.bincount(assignment, minlength=len(names))
-    budget = max_groups - len(names)
-    children: dict[int, np.ndarray] = {}
-    for group in sorted(range(len(names)), key=lambda g: (-sizes[g], g)):
-        rows = np.flatnonzero(assignment == group)
-        k = min(parts, len(rows) // 2, budget + 1)
-        if k < 2:
-            continue
-        labels = kmeans_assign(feature_rows(features, rows), k, seed)
-        if labels.max() > 0:
-            children[group] = labels
-            budget -= int(labels.max())
-    new_names, new_assignment = [], np.empty_like(assignment)
-    for group, name in enumerate(names):
-        rows = assignment == group
-        if group in children:
-            new_assignment[rows] = len(new_names) + children[group]
-            new_names += [f"{name}/{k}" for k in range(int(children[group].max()) + 1)]
-        else:
-            new_assignment[rows] = len(new_names)
-            new_names.append(name)
-    return new_names, new_assignment
+from .assignment import checked_assignment
 
 
 def remap_after_merge(num_groups: int, i: int, j: int) -> np.ndarray:
@@ -61,12 +16,6 @@ def remap_after_merge(num_groups: int, i: int, j: int) -> np.ndarray:
         raise ValueError(f"a merge needs 0 <= i < j < {num_groups} (got i={i}, j={j})")
     old = np.arange(num_groups, dtype=np.int64)
     return np.where(old == j, i, old - (old > j))
-
-
-def parents_after_split(num_groups: int, group: int) -> np.ndarray:
-    """New group id -> old group id after `apply_split(..., group, ...)`: shape (K+1,) int64; both children map to
-    `group`. Per-group statistics carry over as `stat[parents_after_split(K, group)]`."""
-    return np.append(np.arange(num_groups, dtype=np.int64), group)
 
 
 def _merge(names: list[str], assignment: np.ndarray, i: int, j: int, name: str) -> tuple[list[str], np.ndarray]:
@@ -109,41 +58,6 @@ def apply_split(
     new_names = list(names)
     new_names[group] = f"{names[group]}/lo"
     return [*new_names, f"{names[group]}/hi"], new_assignment
-
-
-def merge_small_groups(
-    names: list[str], assignment: np.ndarray, min_size: int, features=None, min_groups: int = 1
-) -> tuple[list[str], np.ndarray, list[str]]:
-    """Merge every policy group with fewer than `min_size` rows into its nearest group, smallest first.
-
-    Nearest: with `features` (dense or sparse, N rows), the group whose feature centroid (mean row) is closest in
-    Euclidean distance to the small group's centroid; without, the smallest other group (ties: lower id). After
-    each merge sizes and centroids are recomputed; the merged group is named "<target>+<small>" and takes the lower
-    of the two ids. Stops when no group is small or `min_groups` groups are left (small ones may then remain).
-
-    Returns:
-        (names, assignment, merges): merges are reasons, e.g. "merged 'x' (3 prompts) into 'y': fewer than
-        min_size=8 prompts".
-    """
-    assignment = checked_assignment(names, assignment, features)
-    merges = []
-    while len(names) > max(min_groups, 1):
-        sizes = np.bincount(assignment, minlength=len(names))
-        small = [g for g in np.argsort(sizes, kind="stable").tolist() if sizes[g] < min_size]
-        if not small:
-            break
-        g = small[0]
-        others = [k for k in range(len(names)) if k != g]
-        if features is None:
-            target = min(others, key=lambda k: (sizes[k], k))
-        else:
-            centroids = [centroid(features, np.flatnonzero(assignment == k)) for k in range(len(names))]
-            target = min(others, key=lambda k: (float(np.linalg.norm(centroids[k] - centroids[g])), k))
-        merges.append(
-            f"merged {names[g]!r} ({sizes[g]} prompts) into {names[target]!r}: fewer than min_size={min_size} prompts"
-        )
-        names, assignment = _merge(names, assignment, min(g, target), max(g, target), f"{names[target]}+{names[g]}")
-    return names, assignment, merges
 
 
 def plan_merge(

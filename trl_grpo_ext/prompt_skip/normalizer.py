@@ -69,10 +69,6 @@ def no_refill_problem(args) -> str | None:
     if args.multi_objective_aggregation == "normalize_then_sum":
         return ("prompt_skip=True with multi_objective_aggregation='normalize_then_sum': the advantages are "
                 f"normalized over the whole batch, which leaving out generation groups would change{fix}")  # fmt: skip
-    if args.advantage_baseline == "policy_group":
-        return ("prompt_skip=True with advantage_baseline='policy_group': a generation group whose rewards all "
-                "agree has a nonzero advantage against its policy group's mean, so it is not "
-                f"uninformative{fix}")  # fmt: skip
     if kind != "tokens" and (args.entropy_coef != 0 or args.use_adaptive_entropy):
         return (f"prompt_skip=True with loss_type={args.loss_type!r} and TRL's entropy bonus (entropy_coef="
                 f"{args.entropy_coef}, use_adaptive_entropy={args.use_adaptive_entropy}): the loss is scaled for the "
