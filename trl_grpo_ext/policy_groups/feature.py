@@ -14,7 +14,6 @@ from . import regrouping, score
 from .assignment import (
     assign_from_callable,
     assign_from_column,
-    embedding_features,
     group_of_key,
     kmeans_groups,
     prompt_texts,
@@ -27,31 +26,26 @@ from .state import PolicyGroupState
 logger = logging.getLogger(__name__)
 
 
+# the settings that act only on policy groups, with their values that leave a run without groups as it is (`uniform`
+# is TRL's order: harmless, and saved configs of earlier versions hold it)
+INERT = {"policy_group_sampling": ("learnability", "uniform"), "policy_group_loss_weighting": (False,),
+         "policy_group_regroup_steps": (None,), "policy_group_warmup_steps": (None,),
+         "policy_group_fusion_start": (None,), "prompt_skip_group_informative": (0,)}  # fmt: skip
+
+
 def check_policy_group_setup(args, grouping: bool) -> None:
     """Settings that need policy groups, without them, as a `ValueError` naming the fields.
 
     Raises:
-        ValueError: grouping with `remove_unused_columns=True` (the row column would be dropped), or a grouping
-            setting changed from its default while no group source (column, features or `policy_group_fn`) is set.
+        ValueError: grouping with `remove_unused_columns=True` (the row column would be dropped), or a setting of
+            `INERT` changed while no group source (column, features or `policy_group_fn`) is set.
     """
     if grouping and args.remove_unused_columns:
         raise ValueError("policy grouping needs remove_unused_columns=False (got True): rows carry their group")
-    if grouping:
-        return
-    changed = {
-        # `uniform` is TRL's order: harmless without groups (saved configs of earlier versions hold it)
-        "policy_group_sampling": args.policy_group_sampling not in ("learnability", "uniform"),
-        "policy_group_loss_weighting": args.policy_group_loss_weighting,
-        "policy_group_regroup_steps": args.policy_group_regroup_steps is not None,
-        "policy_group_warmup_steps": args.policy_group_warmup_steps is not None,
-        "policy_group_fusion_start": args.policy_group_fusion_start is not None,
-        "prompt_skip_group_informative": args.prompt_skip_group_informative > 0,
-    }
-    if any(changed.values()):
-        fields = ", ".join(f"{name}={getattr(args, name)!r}" for name, on in changed.items() if on)
-        raise ValueError(
-            f"{fields} needs policy groups: set policy_group_column or policy_group_features, or pass policy_group_fn"
-        )
+    changed = [f"{name}={getattr(args, name)!r}" for name, inert in INERT.items() if getattr(args, name) not in inert]
+    if changed and not grouping:
+        raise ValueError(f"{', '.join(changed)} needs policy groups: set policy_group_column or "
+                         "policy_group_features, or pass policy_group_fn")  # fmt: skip
 
 
 class PolicyGroups(Feature):
@@ -92,8 +86,8 @@ class PolicyGroups(Feature):
         elif args.policy_group_column is not None:
             names, assignment = assign_from_column(dataset, args.policy_group_column)
         else:
-            names, assignment = kmeans_groups(self._features(args.policy_group_features), args.num_policy_groups,
-                                              args.seed)  # fmt: skip
+            features = tfidf_features(prompt_texts(dataset))
+            names, assignment = kmeans_groups(features, args.num_policy_groups, args.seed)
         if fn is not None or args.policy_group_column is not None:
             self._keys = [self._key(row) for row in dataset]
         state = PolicyGroupState(
@@ -101,14 +95,6 @@ class PolicyGroups(Feature):
         )
         logger.info("Policy groups: %s", dict(zip(names, state.sizes.tolist(), strict=True)))
         return state
-
-    def _features(self, kind: str):
-        trainer = self.trainer
-        texts = prompt_texts(trainer.train_dataset)
-        if kind == "embedding":
-            model = trainer.accelerator.unwrap_model(trainer.model)
-            return embedding_features(model, trainer.processing_class, texts)
-        return tfidf_features(texts)
 
     # -- generation batch, rewards, advantages
 
@@ -183,10 +169,7 @@ class PolicyGroups(Feature):
         output["policy_group_completion"] = torch.arange(start, start + len(advantages), device=advantages.device)
         for key, value in state.metrics(args).items():
             metrics(trainer, "train")[key].append(value)
-        totals = state.totals()
-        if stages_requested(args):  # the stage at the logged step, not a mean of stage indices since the last log
-            totals |= {"policy_groups/stage": float(state.stages.index)}
-        for key, value in totals.items():
+        for key, value in state.totals(stages_requested(args)).items():
             log_total(trainer, "train", key, value)
 
     # -- loss: the policy's log-probability of each completion
@@ -246,25 +229,22 @@ class PolicyGroups(Feature):
     def maybe_regroup(self, step: int) -> None:
         """Every `policy_group_regroup_steps`, merge two groups that behave alike or else split one whose prompts'
         success rates are bimodal. Each regroup is announced. Nothing is merged or split in warm-up (the statistics
-        are still forming), nothing split in fusion."""
+        are still forming), nothing split in fusion, and a group made by a split is not merged back before a batch
+        held it."""
         args, state = self.trainer.args, self.groups
         regroup_steps, stage = args.policy_group_regroup_steps, state.stages.stage
         if stage == "warmup" or regroup_steps is None or step - state.last_regroup_step < regroup_steps:
             return
         state.last_regroup_step = step
-        # a group made by a split is not merged back before batches have been observed for it
         if self._merge(regrouping.plan_merge, (state.sums["prompts"] > 0) & state.observed, step):
             return
-        if state.num_groups >= args.max_policy_groups or stage == "fusion":
-            return
-        for group, name in enumerate(state.names):
-            members = ((state.assignment == group) & ~torch.isnan(state.prompt_success)).nonzero().flatten()
-            split = regrouping.plan_split(name, members.numpy(), state.prompt_success[members].numpy(),
+        for group in range(state.num_groups if state.num_groups < args.max_policy_groups and stage != "fusion" else 0):
+            rows = ((state.assignment == group) & ~torch.isnan(state.prompt_success)).nonzero().flatten()
+            split = regrouping.plan_split(state.names[group], rows.numpy(), state.prompt_success[rows].numpy(),
                                           args.policy_group_min_size, args.policy_group_split_gap)  # fmt: skip
             if split is not None:
                 names, assignment = regrouping.apply_split(state.names, state.assignment.numpy(), group, split[1])
-                self.regroup_to(names, assignment, f"step {step}: {split[2]}")
-                return
+                return self.regroup_to(names, assignment, f"step {step}: {split[2]}")
 
     def regroup_to(self, names: list[str], assignment, reason: str) -> None:
         """Replace the groups by `names` / `assignment` (N,) and announce the change (`feature_api.Regroup`)."""

@@ -6,100 +6,64 @@ job (`state.PolicyGroupState.regroup` derives each new group's share of the old 
 
 import numpy as np
 
-from .assignment import checked_assignment
-
-
-def remap_after_merge(num_groups: int, i: int, j: int) -> np.ndarray:
-    """Old group id -> new group id after `apply_merge(..., i, j)`: shape (K,) int64; j goes to i, ids above j shift
-    down by one. Example: K=4, i=0, j=2 -> [0, 1, 0, 2]."""
-    if not 0 <= i < j < num_groups:
-        raise ValueError(f"a merge needs 0 <= i < j < {num_groups} (got i={i}, j={j})")
-    old = np.arange(num_groups, dtype=np.int64)
-    return np.where(old == j, i, old - (old > j))
-
-
-def _merge(names: list[str], assignment: np.ndarray, i: int, j: int, name: str) -> tuple[list[str], np.ndarray]:
-    """Groups i and j (i < j) as one group named `name` at id i; ids renumbered contiguous."""
-    new_names = [n for k, n in enumerate(names) if k != j]
-    new_names[i] = name
-    return new_names, remap_after_merge(len(names), i, j)[assignment]
-
 
 def apply_merge(names: list[str], assignment: np.ndarray, i: int, j: int) -> tuple[list[str], np.ndarray]:
     """Fold policy group j into group i (i < j): the merged group keeps id i and is named "<i>+<j>" (e.g. "a+b");
-    ids above j shift down by one (see `remap_after_merge`).
+    ids above j shift down by one. `assignment` (N,) holds each row's group id.
 
     Raises:
         ValueError: not 0 <= i < j < K.
     """
-    assignment = checked_assignment(names, assignment)
-    remap_after_merge(len(names), i, j)  # validates i, j
-    return _merge(names, assignment, i, j, f"{names[i]}+{names[j]}")
+    if not 0 <= i < j < len(names):
+        raise ValueError(f"a merge needs 0 <= i < j < {len(names)} (got i={i}, j={j})")
+    assignment = np.asarray(assignment, dtype=np.int64)
+    new_names = [name for k, name in enumerate(names) if k != j]
+    new_names[i] = f"{names[i]}+{names[j]}"
+    return new_names, np.where(assignment == j, i, assignment - (assignment > j))
 
 
-def apply_split(
-    names: list[str], assignment: np.ndarray, group: int, high_ids: np.ndarray
-) -> tuple[list[str], np.ndarray]:
+def apply_split(names: list[str], assignment: np.ndarray, group: int, high_ids) -> tuple[list[str], np.ndarray]:
     """Split policy group `group`: rows `high_ids` move to a new group "<name>/hi" appended at the end (id K); the
     rest stay at id `group`, renamed "<name>/lo".
 
     Raises:
         ValueError: a row of `high_ids` is not in `group`, or the split would leave either side empty.
     """
-    assignment = checked_assignment(names, assignment)
-    high_ids = np.asarray(high_ids, dtype=np.int64)
+    assignment, high_ids = np.asarray(assignment, dtype=np.int64), np.unique(np.asarray(high_ids, dtype=np.int64))
     in_group = np.flatnonzero(assignment == group)
-    if not np.isin(high_ids, in_group).all():
-        raise ValueError(f"high_ids must be rows of policy group {names[group]!r}")
-    if len(np.unique(high_ids)) in (0, len(in_group)):
-        raise ValueError(f"splitting {names[group]!r} needs 1..{len(in_group) - 1} rows in high_ids")
+    if not np.isin(high_ids, in_group).all() or len(high_ids) in (0, len(in_group)):
+        raise ValueError(f"splitting {names[group]!r} needs 1..{len(in_group) - 1} of its own rows in high_ids")
     new_assignment = assignment.copy()
     new_assignment[high_ids] = len(names)
-    new_names = list(names)
-    new_names[group] = f"{names[group]}/lo"
+    new_names = [f"{name}/lo" if k == group else name for k, name in enumerate(names)]
     return [*new_names, f"{names[group]}/hi"], new_assignment
 
 
-def plan_merge(
-    names: list[str], ema_reward: np.ndarray, ema_reward_std: np.ndarray, tol: float, min_groups: int
-) -> tuple[int, int, str] | None:
-    """The pair of policy groups (i, j), i < j, that behave alike: |Δ ema_reward| < tol and |Δ ema_reward_std| < tol.
-
-    Of all such pairs the closest, by the larger of the two differences (ties: lowest (i, j)). A NaN statistic (a
-    group not yet seen) never matches. `ema_reward`, `ema_reward_std`: shape (K,), in reward units.
+def plan_merge(names: list[str], reward, reward_std, tol: float, min_groups: int) -> tuple[int, int, str] | None:
+    """The pair of policy groups (i, j), i < j, that behave alike: |Δ reward| < tol and |Δ reward_std| < tol, of all
+    such pairs the closest by the larger of the two differences (ties: lowest (i, j)). `reward`, `reward_std` (K,):
+    each group's recent reward and within-prompt reward std, in reward units; NaN (a group not seen) never matches.
 
     Returns:
         (i, j, reason), or None when no pair qualifies or there are already `min_groups` groups or fewer.
     """
-    r, s = np.asarray(ema_reward, dtype=float), np.asarray(ema_reward_std, dtype=float)
-    if len(names) <= min_groups:
+    r, s = np.asarray(reward, dtype=float), np.asarray(reward_std, dtype=float)
+    gaps = np.maximum(abs(r[:, None] - r[None, :]), abs(s[:, None] - s[None, :]))  # (K, K), NaN for a group unseen
+    gaps[np.tril_indices(len(r))] = np.nan
+    if len(names) <= min_groups or not (gaps < tol).any():
         return None
-    best = None
-    for i in range(len(names)):
-        for j in range(i + 1, len(names)):
-            dr, ds = abs(r[i] - r[j]), abs(s[i] - s[j])
-            if dr < tol and ds < tol and (best is None or max(dr, ds) < best[0]):
-                best = (max(dr, ds), i, j)
-    if best is None:
-        return None
-    _, i, j = best
-    reason = (
-        f"merge {names[i]!r} and {names[j]!r}: ema_reward {r[i]:.3f} vs {r[j]:.3f}, "
-        f"ema_reward_std {s[i]:.3f} vs {s[j]:.3f}, both within tol={tol}"
-    )
-    return i, j, reason
+    i, j = np.unravel_index(np.nanargmin(np.where(gaps < tol, gaps, np.nan)), gaps.shape)
+    reason = (f"merge {names[i]!r} and {names[j]!r}: reward {r[i]:.3f} vs {r[j]:.3f}, reward std {s[i]:.3f} vs "
+              f"{s[j]:.3f}, both within tol={tol}")  # fmt: skip
+    return int(i), int(j), reason
 
 
-def plan_fusion_merge(
-    names: list[str], ema_reward: np.ndarray, ema_reward_std: np.ndarray, tol: float, min_groups: int
-) -> tuple[int, int, str] | None:
-    """At the start of fusion (`stages`): `plan_merge` among the groups that did well, those whose EMA reward is at
-    least the mean over the groups seen (NaN: not seen). Shapes (K,), reward units. Returns (i, j, reason) or None."""
-    r = np.asarray(ema_reward, dtype=float)
-    if np.isnan(r).all():
-        return None
-    well = ~np.isnan(r) & (r >= np.nanmean(r))
-    return plan_merge(names, np.where(well, r, np.nan), np.where(well, ema_reward_std, np.nan), tol, min_groups)
+def plan_fusion_merge(names: list[str], reward, reward_std, tol: float, min_groups: int):
+    """At the start of fusion (`stages`): `plan_merge` among the groups that did well, those whose reward is at least
+    the mean over the groups seen (NaN: not seen). Shapes (K,), reward units. Returns (i, j, reason) or None."""
+    r = np.asarray(reward, dtype=float)
+    well = ~np.isnan(r) & (r >= np.nanmean(r)) if not np.isnan(r).all() else np.zeros(len(r), dtype=bool)
+    return plan_merge(names, np.where(well, r, np.nan), np.where(well, reward_std, np.nan), tol, min_groups)
 
 
 def plan_split(

@@ -98,9 +98,9 @@ def draw_probabilities(scores: torch.Tensor, sizes: torch.Tensor, floor: float) 
     n_j·s_j + φ / K_a, φ = `floor` (`policy_group_sampling_floor`), n_i the group's prompts (`sizes`), K_a the groups
     that have prompts. So a prompt is drawn in proportion to its group's score (TRL's uniform draw when all scores
     are equal), and no group with prompts gets less than φ / K_a."""
-    available = sizes > 0
-    mass = torch.where(available, sizes.double() * scores.clamp(min=0), 0.0)
-    share = mass / mass.sum() if mass.sum() > 0 else available.double() / available.sum()
+    available, sizes = sizes > 0, sizes.double()
+    mass = sizes * scores.clamp(min=0)
+    share = mass / mass.sum() if mass.sum() > 0 else sizes / sizes.sum()  # nothing to learn anywhere: TRL's draw
     return torch.where(available, (1 - floor) * share + floor / available.sum(), 0.0)
 
 

@@ -222,12 +222,18 @@ class PolicyGroupState:
                 out |= {f"policy_groups/{name}/{key}": float(value) for key, value in seen.items()}
         return out
 
-    def totals(self) -> dict[str, float]:
+    def totals(self, stages: bool = False) -> dict[str, float]:
         """Running totals, logged as their value at the last step (`trl_contact.log_total`, not averaged):
         `policy_groups/<name>/count`, how many times the group's prompts were drawn since the start (counted per
         dataset row, so after a split or merge each group counts exactly the draws of the rows it now holds: a whole
-        number), and `policy_groups/nan_rewards`, the completions no reward function scored."""
+        number), `policy_groups/nan_rewards`, the completions no reward function scored, and with `stages` the stage
+        index (`stages.STAGES`) and its `uniform_mix`."""
         counts = torch.bincount(self.assignment, weights=self.prompt_visits.double(), minlength=self.num_groups)
         out = {f"policy_groups/{name}/count": float(counts[i]) for i, name in enumerate(self.names)}
         out["policy_groups/nan_rewards"] = float(self.nan_rewards)
+        if stages:
+            out |= {
+                "policy_groups/stage": float(self.stages.index),
+                "policy_groups/uniform_mix": self.stages.uniform_mix,
+            }
         return out
