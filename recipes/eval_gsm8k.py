@@ -1,8 +1,8 @@
 """GSM8K test accuracy of a model, a training checkpoint or a LoRA adapter folder.
 
     python recipes/eval_gsm8k.py --model_name_or_path outputs/qwen2.5-1.5b-lora-gsm8k --limit 200
-    python recipes/eval_gsm8k.py --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct --maj_k 8 \\
-        --dataset_path ../shared/data/gsm8k
+    python recipes/eval_gsm8k.py --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct --maj_k 8   # openai/gsm8k, Hub
+    python recipes/eval_gsm8k.py --model_name_or_path outputs/demo_cpu --dataset_path DIR --limit 8   # GSM8K in DIR
 
 Reports greedy pass@1 accuracy, strict (final answer in `\\boxed{}`, the trained format) and lenient (the answer
 anywhere in the completion), and with `--maj_k K` the majority vote over K sampled completions. Prints a progress line

@@ -4,7 +4,7 @@ Launch (any `GRPOConfig`, `ModelConfig` or script field can be overridden on the
 
     accelerate launch recipes/math_gsm8k.py --config recipes/configs/gsm8k-24gb.yaml   # or gsm8k-{8,12,16}gb.yaml
     python recipes/math_gsm8k.py --config recipes/configs/demo_cpu.yaml            # CPU demo, no download
-    python recipes/math_gsm8k.py --config recipes/configs/demo_cpu.yaml --dataset_path ../shared/data/gsm8k
+    python recipes/math_gsm8k.py --config recipes/configs/demo_cpu.yaml --dataset_path DIR   # GSM8K in DIR
 
 Data: the Hub dataset `openai/gsm8k` (config `main`) by default; `--dataset_path DIR` reads GSM8K-format
 `train.jsonl` / `test.jsonl` from a local folder; `--synthetic_problems N` uses N seeded generated problems instead
@@ -81,7 +81,7 @@ class GSM8KScriptArguments:
     dataset_path: str | None = field(
         default=None,
         metadata={
-            "help": "Folder with GSM8K-format train.jsonl/test.jsonl (e.g. ../shared/data/gsm8k). Default: Hub."
+            "help": "Folder with GSM8K-format train.jsonl/test.jsonl (a copy of openai/gsm8k). Default: the Hub."
         },
     )
     synthetic_problems: int = field(

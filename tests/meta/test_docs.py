@@ -110,3 +110,30 @@ def test_a_feature_page_needs_no_line_in_the_nav(reference, tmp_path):
     (tmp_path / "features" / "untitled.md").write_text("no heading\n")
     with pytest.raises(Exception, match="untitled.md has no '# ' heading"):
         reference.feature_pages(nav, str(tmp_path))
+
+
+# What a user reads or runs from a clone (issue #72): the docs, the recipes and their configs and notebooks, the
+# benchmarks (their recorded results aside), the package. Tests and CI may read the project's shared data folder.
+CLONE_FILES = [
+    path
+    for path in [
+        *(REPO_ROOT / name for name in ("README.md", "Makefile", "pyproject.toml", "mkdocs.yml")),
+        *(REPO_ROOT / folder for folder in ("docs", "recipes", "benchmarks", "trl_grpo_ext")),
+    ]  # fmt: skip
+    for path in ([path] if path.is_file() else sorted(path.rglob("*")))
+    if path.is_file()
+    and "results" not in path.parts
+    and "__pycache__" not in path.parts
+    and path.suffix in {"", ".md", ".py", ".yaml", ".yml", ".toml", ".ipynb", ".json", ".sh", ".txt"}
+]
+
+
+def test_no_page_config_or_recipe_names_files_outside_the_repository():
+    """A fresh clone has no `../shared`: every route the docs give is in the repository (the Hub names, the
+    `trl-grpo-ext smollm2` command, a GSM8K folder the user gives)."""
+    assert len(CLONE_FILES) > 100
+    outside = [f"{path.relative_to(REPO_ROOT)}:{number}" for path in CLONE_FILES
+               for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+               if "../shared" in line or re.search(r"\bget_smollm2\.py", line)]  # fmt: skip
+    assert not outside, outside
+
