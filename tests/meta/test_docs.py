@@ -137,3 +137,18 @@ def test_no_page_config_or_recipe_names_files_outside_the_repository():
                if "../shared" in line or re.search(r"\bget_smollm2\.py", line)]  # fmt: skip
     assert not outside, outside
 
+
+def test_the_examples_the_wheel_check_runs_are_the_pages_own(tmp_path):
+    """scripts/wheel_check.sh runs the README's minimal script and getting-started's offline `trl-grpo-ext grpo` in a
+    clean environment without extras (issue #72), taken from the pages by scripts/doc_examples.py: each marker finds
+    one block, and the replacements the page tells an offline reader to make are all made."""
+    doc_examples = load(REPO_ROOT / "scripts" / "doc_examples.py", "doc_examples")
+    work = str(tmp_path)
+    minimal = doc_examples.example("minimal-script", work)
+    assert f'model = "{work}/tiny"' in minimal and "trainer.train()" in minimal and "Qwen/" not in minimal
+    grpo = doc_examples.example("grpo-offline", work)
+    assert "--reward_funcs accuracy_reward" in grpo and f"{work}/tiny-grpo" in grpo
+    assert grpo.count("/tmp/") == grpo.count(f"{work}/") == 6  # every path moved into the work folder
+    with pytest.raises(ValueError, match="0 code blocks contain"):
+        doc_examples.EXAMPLES["gone"] = ("README.md", "no such marker in any block", [])
+        doc_examples.example("gone", work)

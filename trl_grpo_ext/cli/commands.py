@@ -49,7 +49,9 @@ def _grpo(argv: list[str]) -> int:
     from .optional_dependencies import check_optional_dependencies
 
     check_optional_dependencies(
-        use_vllm=training_args.use_vllm, quantized=model_args.load_in_4bit or model_args.load_in_8bit
+        use_vllm=training_args.use_vllm,
+        quantized=model_args.load_in_4bit or model_args.load_in_8bit,
+        reward_funcs=script_args.reward_funcs or (),
     )
     # An error in the training loop (a reward function's, hours in): its traceback in <output_dir>/error.log.
     with errors.training_errors(training_args.output_dir):
