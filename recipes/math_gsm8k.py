@@ -324,6 +324,13 @@ def make_parser() -> TrlParser:
 def _cli(argv: list[str]) -> None:
     parser = make_parser()
     errors.check_config_file(parser, argv, examples="recipes/configs/*.yaml")  # before anything reads it
+    path = errors.config_path(argv)
+    if path is not None:  # before transformers' own check of bf16 fails while parsing, without the CPU configs
+        import torch
+
+        problem = presets.no_cuda_problem(path, errors.read_config_file(path), argv, cuda=torch.cuda.is_available())
+        if problem is not None:
+            raise ValueError(problem)
     # Before parsing: TrainingArguments builds its DeepSpeed plugin while parsing, and fails deep inside without it.
     check_optional_dependencies(deepspeed=deepspeed_requested(argv))
     main(*errors.parse_command_line(parser, argv))

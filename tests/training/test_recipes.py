@@ -290,3 +290,41 @@ def test_a_new_run_in_an_earlier_runs_folder_says_so_and_leaves_nothing_stale(tm
     )
     assert not (out / "doctor.png").exists() and (out / "policy_groups.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "training_metrics.jsonl").read_text() != "earlier" and (out / "notes.txt").read_text() == "earlier"
+
+
+GPU_PRESETS = [p for p in CONFIGS if p.name.startswith("gsm8k-")]
+
+
+@pytest.mark.parametrize("config", GPU_PRESETS, ids=[p.stem for p in GPU_PRESETS])
+def test_a_gpu_preset_without_cuda_is_one_line_naming_the_cpu_configs(config, monkeypatch, capsys):
+    """Issue #72: a GPU preset on a machine without CUDA answered with transformers' "bf16/gpu" message (the T4's fp16
+    preset got further, to the model's download); now one line, before anything is parsed or loaded, that points to
+    the CPU configs."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    recipe = load_recipe("math_gsm8k")
+    monkeypatch.setattr(recipe, "main", lambda *args: pytest.fail("the recipe went on"))
+    assert recipe.cli(["--config", str(config)]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    precision = "fp16" if config.stem == "gsm8k-t4" else "bf16"
+    assert line.startswith(f"math_gsm8k.py: error: {config} is a GPU config ({precision}: true) and this machine has "
+                           "no CUDA device: on a CPU use ")  # fmt: skip
+    assert "smollm2_cpu.yaml (SmolLM2-135M-Instruct with LoRA" in line and "demo_cpu.yaml (the tiny random" in line
+
+
+def test_a_config_is_a_gpu_config_by_its_values_and_the_command_lines():
+    from trl_grpo_ext.consumer_gpu.presets import no_cuda_problem
+
+    assert no_cuda_problem("c.yaml", {}, [], cuda=False).startswith("c.yaml is a GPU config (bf16: true)")  # TRL's
+    assert no_cuda_problem("c.yaml", {"fp16": "yes"}, [], cuda=False).startswith("c.yaml is a GPU config (fp16: true)")
+    for config, argv in [
+        ({"bf16": True}, ["--use_cpu", "true", "--bf16", "false"]),
+        ({"bf16": True}, ["--use_cpu"]),
+        ({"bf16": True}, ["--bf16=false"]),
+        ({"bf16": False}, []),
+        ({"bf16": True, "use_cpu": True}, []),
+    ]:
+        assert no_cuda_problem("c.yaml", config, argv, cuda=False) is None, (config, argv)
+    assert no_cuda_problem("c.yaml", {"bf16": True}, [], cuda=True) is None
+    assert no_cuda_problem("c.yaml", {"bf16": False}, ["--bf16"], cuda=False) is not None  # a bare flag is true
