@@ -8,9 +8,12 @@ Launch (any `GRPOConfig`, `ModelConfig` or script field can be overridden on the
 
 Data: the Hub dataset `openai/gsm8k` (config `main`) by default; `--dataset_path DIR` reads GSM8K-format
 `train.jsonl` / `test.jsonl` from a local folder; `--synthetic_problems N` uses N seeded generated problems instead
-(the CPU demo). After training, the model is evaluated on `--eval_limit` test problems (greedy pass@1, strict and
-lenient: argmax decoding, whatever the checkpoint's generation_config.json sets), its batches of `--eval_batch_size`
-shared over the processes, a progress line a batch; `eval_results.json` (with the decoding settings used) is written
+(the CPU demo). While a step runs longer than 30 s (the first step; 5 minutes for later ones), progress lines say
+what it is doing (`trl_grpo_ext.reporting.progress`: generating, how many tokens so far; scoring; the update). After
+training, the model is evaluated on `--eval_limit` test problems (greedy pass@1, strict and lenient: argmax decoding,
+whatever the checkpoint's generation_config.json sets; `--eval_limit 0` skips it, and a run of fewer than 10 steps
+takes at most 8 problems, saying so), its batches of `--eval_batch_size` shared over the processes, a progress line a
+batch; `eval_results.json` (with the decoding settings used) is written
 to `output_dir`. Relaunching a finished run with `--resume_from_checkpoint true` (a requeued job) trains, saves and
 evaluates nothing and says the run is complete. SIGTERM (a scheduler stopping the job) is handled as Ctrl-C is, and
 saves a checkpoint of the step in progress first: one line says how to resume.
@@ -71,6 +74,7 @@ try:  # the GSM8K task's reward functions are the `gsm8k` extra (math-verify): o
 except MissingDependencyError as error:
     raise SystemExit(f"math_gsm8k.py: error: {error}") from None
 from trl_grpo_ext.reporting.callbacks import MetricsTableCallback
+from trl_grpo_ext.reporting.progress import StepProgress
 from trl_grpo_ext.resume import last_complete_checkpoint
 
 
@@ -89,7 +93,11 @@ class GSM8KScriptArguments:
         metadata={"help": "When > 0 and no dataset_path: train on this many seeded generated problems (no download)."},
     )
     train_limit: int | None = field(default=None, metadata={"help": "Use only the first N training problems."})
-    eval_limit: int = field(default=200, metadata={"help": "Test problems to evaluate after training; 0 skips it."})
+    eval_limit: int = field(
+        default=200,
+        metadata={"help": "Test problems to evaluate after training (at most 8 after a run of fewer than 10 steps, "
+                  "said in a line); 0 skips it."},
+    )  # fmt: skip
     eval_batch_size: int = field(default=16, metadata={"help": "Prompts generated at once in the evaluation."})
     reward_funcs: list[str] = field(
         default_factory=lambda: ["gsm8k_accuracy", "gsm8k_format"],
@@ -145,6 +153,23 @@ def pretrained_learning_rate_warning(learning_rate: float, lora: bool) -> str | 
     )
 
 
+# A run of fewer optimizer steps than this is a trial of the pipeline: its evaluation takes at most SHORT_RUN_EVAL test
+# problems (the SmolLM2 CPU config's 50 took 18 minutes on busy cores after a 3-step run)
+SHORT_RUN_STEPS, SHORT_RUN_EVAL = 10, 8
+
+
+def short_run_evaluation(max_steps: int, eval_limit: int, output_dir: str) -> tuple[int, str | None]:
+    """The test problems the end-of-run evaluation takes, and the line that says so when a short run (`max_steps`
+    between 1 and `SHORT_RUN_STEPS` - 1) takes fewer than `eval_limit` (`SHORT_RUN_EVAL`); else `eval_limit`, None."""
+    if not 0 < max_steps < SHORT_RUN_STEPS or eval_limit <= SHORT_RUN_EVAL:
+        return eval_limit, None
+    return SHORT_RUN_EVAL, (
+        f"max_steps={max_steps} is a short run (under {SHORT_RUN_STEPS} steps): its evaluation takes {SHORT_RUN_EVAL} "
+        f"of eval_limit={eval_limit} test problems; --eval_limit 0 skips it, and `python recipes/eval_gsm8k.py "
+        f"--model_name_or_path {output_dir} --limit {eval_limit}` evaluates the saved model on all {eval_limit}"
+    )
+
+
 def features_off(training_args: GRPOConfig) -> dict:
     """Stock TRL GRPO: every field trl_grpo_ext adds to TRL's `GRPOConfig` (`own_fields`) set back to its default,
     in place; TRL's and transformers' fields keep their values. Returns the fields changed, with their former values.
@@ -194,6 +219,11 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
     if problem is not None:
         raise ValueError(problem)
 
+    script_args.eval_limit, shortened = short_run_evaluation(
+        training_args.max_steps, script_args.eval_limit, training_args.output_dir
+    )
+    if shortened is not None:
+        print(shortened)
     eval_dataset = None
     if script_args.dataset_path is None and script_args.synthetic_problems > 0:
         train_rows = to_grpo_rows(synthetic_gsm8k(script_args.synthetic_problems, seed=0))[: script_args.train_limit]
@@ -226,6 +256,7 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
         **(training_args.model_init_kwargs or {}),
     }
 
+    progress = StepProgress()  # lines while a slow step runs: nothing else prints before it ends
     trainer = GRPOTrainer(
         model=model_args.model_name_or_path,
         reward_funcs=[reward_registry[name] for name in script_args.reward_funcs],
@@ -233,7 +264,7 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
         train_dataset=train_dataset,
         peft_config=get_peft_config(model_args),
         quantization_config=get_quantization_config(model_args),
-        callbacks=[MetricsTableCallback()],
+        callbacks=[MetricsTableCallback(), progress],
     )
     # The table replaces the raw dict of every logged value that these print (the tqdm bar prints them too).
     trainer.remove_callback(PrinterCallback)
@@ -251,6 +282,8 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
             # which checkpoint is complete and how to resume
             number = getattr(interrupt, "signal_number", signal.SIGINT)
             raise errors.Interrupted(training_args.output_dir, trainer.state.global_step, __file__, number) from None
+        finally:
+            progress.close()  # an error skips the end of training, which stops its lines
     if trainer.run_already_complete:  # a finished job relaunched: its saved model and evaluation stay as they are
         print(f"Run already complete at step {trainer.state.global_step}: nothing saved or evaluated")
         trainer.end()

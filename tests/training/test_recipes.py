@@ -55,11 +55,12 @@ def test_unknown_command_line_field_is_named():
 
 
 def test_recipe_end_to_end_on_real_gsm8k(gsm8k_dir, tmp_path):
-    """16 real GSM8K problems, tiny model, 2 steps, run as a user would: `python recipes/math_gsm8k.py ...`."""
+    """16 real GSM8K problems, tiny model, 2 steps, run as a user would: `python recipes/math_gsm8k.py ...`. A run of
+    2 steps is a short one (issue #72): its evaluation takes 8 of the 12 problems asked for, and says so."""
     out = tmp_path / "run"
     cmd = [
         sys.executable, "recipes/math_gsm8k.py", "--config", "recipes/configs/demo_cpu.yaml",
-        "--dataset_path", str(gsm8k_dir), "--train_limit", "16", "--max_steps", "2", "--eval_limit", "4",
+        "--dataset_path", str(gsm8k_dir), "--train_limit", "16", "--max_steps", "2", "--eval_limit", "12",
         "--output_dir", str(out),
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
@@ -77,9 +78,12 @@ def test_recipe_end_to_end_on_real_gsm8k(gsm8k_dir, tmp_path):
     assert max((after[k] - before[k]).abs().max().item() for k in before) > 1e-4
 
     results = json.loads((out / "eval_results.json").read_text())
-    assert results["num_problems"] == 4
+    assert results["num_problems"] == 8
+    assert (f"max_steps=2 is a short run (under 10 steps): its evaluation takes 8 of eval_limit=12 test problems; "
+            f"--eval_limit 0 skips it, and `python recipes/eval_gsm8k.py --model_name_or_path {out} --limit 12` "
+            "evaluates the saved model on all 12") in proc.stdout  # fmt: skip
     assert 0.0 <= results["strict_accuracy"] <= results["lenient_accuracy"] <= 1.0
-    assert len(results["samples"]) == 4 and all(isinstance(s["completion"], str) for s in results["samples"])
+    assert len(results["samples"]) == 8 and all(isinstance(s["completion"], str) for s in results["samples"])
     assert "lenient_accuracy" in proc.stdout
 
 
@@ -328,3 +332,10 @@ def test_a_config_is_a_gpu_config_by_its_values_and_the_command_lines():
         assert no_cuda_problem("c.yaml", config, argv, cuda=False) is None, (config, argv)
     assert no_cuda_problem("c.yaml", {"bf16": True}, [], cuda=True) is None
     assert no_cuda_problem("c.yaml", {"bf16": False}, ["--bf16"], cuda=False) is not None  # a bare flag is true
+
+
+def test_only_a_short_run_shortens_its_evaluation():
+    short_run_evaluation = load_recipe("math_gsm8k").short_run_evaluation
+    assert short_run_evaluation(3, 50, "out")[0] == 8  # the SmolLM2 CPU config with --max_steps 3
+    for max_steps, eval_limit in [(10, 50), (-1, 50), (3, 8), (3, 0), (40, 16)]:  # long, by epochs, small, none
+        assert short_run_evaluation(max_steps, eval_limit, "out") == (eval_limit, None)
