@@ -40,8 +40,8 @@ def first_decoder_layer(model: torch.nn.Module) -> torch.nn.Module | None:
 
 
 def duration(seconds: float) -> str:
-    """`seconds` as `45s`, `3m05s` or `1h02m`."""
-    seconds = int(seconds)
+    """`seconds` as "42s", "3m05s" or "1h02m" (the recipes' progress lines: training steps and the evaluation)."""
+    seconds = round(seconds)
     if seconds < 60:
         return f"{seconds}s"
     if seconds < 3600:
