@@ -35,6 +35,7 @@ sizes, learning rate, rewards, dtype and memory settings stay the preset's (docs
     accelerate launch recipes/math_gsm8k.py --config recipes/configs/gsm8k-24gb.yaml --features off
 """
 
+import contextlib
 import dataclasses
 import signal
 import sys
@@ -49,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from datasets import Dataset
-from transformers import PrinterCallback, ProgressCallback
+from transformers import AutoModelForCausalLM, PrinterCallback, ProgressCallback
 from trl import ModelConfig, TrlParser, get_peft_config, get_quantization_config
 from trl.models import unwrap_model_for_generation
 from trl.rewards import get_soft_overlong_punishment
@@ -64,10 +65,12 @@ from trl_grpo_ext.gsm8k.data import load_gsm8k, synthetic_gsm8k, to_grpo_rows
 
 try:  # the GSM8K task's reward functions are the `gsm8k` extra (math-verify): one line, not a traceback
     from trl_grpo_ext.gsm8k.evaluation import (
+        EMPTY_SHARE,
         collapse_warning,
         evaluate_gsm8k,
         format_table,
         save_chat_template_kwargs,
+        untrained_empty_share,
         write_results,
     )
     from trl_grpo_ext.gsm8k.rewards import REWARD_FUNCS
@@ -170,6 +173,20 @@ def short_run_evaluation(max_steps: int, eval_limit: int, output_dir: str) -> tu
     )
 
 
+@contextlib.contextmanager
+def model_before_training(model, tiny_dir: Path | None):
+    """The model as it was before training, to tell an untrained model from a collapsed one (`untrained_empty_share`):
+    the tiny model from its folder, a LoRA model with its adapter disabled; None for a named model fine-tuned in full
+    (the evaluation's warning then says how to evaluate it)."""
+    if tiny_dir is not None:
+        yield AutoModelForCausalLM.from_pretrained(tiny_dir).to(model.device).eval()
+    elif hasattr(model, "disable_adapter"):  # a PEFT model
+        with model.disable_adapter():
+            yield model
+    else:
+        yield None
+
+
 def features_off(training_args: GRPOConfig) -> dict:
     """Stock TRL GRPO: every field trl_grpo_ext adds to TRL's `GRPOConfig` (`own_fields`) set back to its default,
     in place; TRL's and transformers' fields keep their values. Returns the fields changed, with their former values.
@@ -243,6 +260,7 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
     card = None if training_args.use_cpu else presets.cuda_card_gib()
     evaluated = script_args.eval_batch_size if script_args.eval_limit > 0 else None
     presets.warn_if_too_big(model_args, training_args, card, eval_batch_size=evaluated)
+    tiny_dir = None
     if script_args.tiny_model:
         tiny_dir = Path(training_args.output_dir).resolve() / "tiny-model"  # absolute: adapters record this path
         with training_args.main_process_first(desc="build tiny model"):
@@ -304,17 +322,20 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
                     seed=training_args.seed,
                     accelerator=trainer.accelerator,
                 )
+                if results["empty_completions"] >= EMPTY_SHARE:  # an untrained model, or one its training wrecked?
+                    with model_before_training(model, tiny_dir) as before:
+                        if before is not None:
+                            results["untrained"] = untrained_empty_share(
+                                before, trainer.processing_class, eval_dataset,
+                                max_new_tokens=training_args.max_completion_length,
+                                chat_template_kwargs=training_args.chat_template_kwargs,
+                                accelerator=trainer.accelerator,
+                            )  # fmt: skip
         if results and trainer.accelerator.is_main_process:
             path = write_results(results, training_args.output_dir)
             print(format_table(results))
             print(f"Saved {path}")
-            warning = collapse_warning(results, training_args.learning_rate)
-            if warning and script_args.tiny_model:  # what the CPU demo's model learns: not a wrecked pretrained model
-                warning = (
-                    f"Note: {results['empty_completions']:.0%} of the evaluation's completions are empty: the tiny "
-                    "random model learns to end its completions at once (the length penalty is the only reward it can "
-                    "earn); with a pretrained model this would be a collapse"
-                )
+            warning = collapse_warning(results, training_args.learning_rate, base=model_args.model_name_or_path)
             if warning:
                 print(warning)
     trainer.accelerator.wait_for_everyone()
@@ -323,8 +344,8 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
 
 
 # what a run of this recipe writes into output_dir besides the model and checkpoints (doctor.png: the doctor command)
-RUN_FILES = ("training_metrics.jsonl", "training_curves.png", "policy_groups.png", "doctor.png", "eval_results.json",
-             "chat_template_kwargs.json", "error.log")  # fmt: skip
+RUN_FILES = ("training_metrics.jsonl", "run_doctor_log.jsonl", "training_curves.png", "policy_groups.png",
+             "doctor.png", "eval_results.json", "chat_template_kwargs.json", "error.log")  # fmt: skip
 
 
 def clear_earlier_run(output_dir: str) -> list[str]:

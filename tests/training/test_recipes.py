@@ -339,3 +339,25 @@ def test_only_a_short_run_shortens_its_evaluation():
     assert short_run_evaluation(3, 50, "out")[0] == 8  # the SmolLM2 CPU config with --max_steps 3
     for max_steps, eval_limit in [(10, 50), (-1, 50), (3, 8), (3, 0), (40, 16)]:  # long, by epochs, small, none
         assert short_run_evaluation(max_steps, eval_limit, "out") == (eval_limit, None)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_the_demo_evaluation_tells_an_untrained_model_from_a_collapsed_one(tmp_path, capsys, lora):
+    """Issue #72: the tiny random model's greedy completions are blank before any training (its argmax is a newline),
+    and the recipe said "collapsed" of them. It now runs the model before training (the tiny model's folder; with
+    LoRA, the adapter disabled) on the first problems and says it gave no answer before either."""
+    recipe = load_recipe("math_gsm8k")
+    argv = ["--config", str(REPO_ROOT / "recipes/configs/demo_cpu.yaml"), "--output_dir", str(tmp_path / "run"),
+            "--synthetic_problems", "16", "--max_steps", "1", "--eval_limit", "4", "--run_doctor", "no"]  # fmt: skip
+    # one step that moves the model too little to change its greedy answers: trained, yet as blank as before
+    argv += ["--use_peft", "true", "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj"] if lora else []
+    argv += [] if lora else ["--learning_rate", "1e-6"]
+    results = recipe.main(*recipe.make_parser().parse_args_and_config(argv))
+    assert results["empty_completions"] == 1.0
+    assert results["untrained"] == {"empty_completions": 1.0, "num_problems": 4}
+    saved = json.loads((tmp_path / "run" / "eval_results.json").read_text())
+    assert saved["untrained"] == results["untrained"]
+    assert (
+        "Note: 100% of the evaluation's completions are empty or blank, and so were 100% of the untrained "
+        "model's on 4 of these problems: the model gave no answer before training either"
+    ) in capsys.readouterr().out
