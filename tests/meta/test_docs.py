@@ -54,9 +54,28 @@ def test_the_recipe_fields_table_lists_every_script_field(reference):
 def test_the_modes_read_statically_are_the_registered_ones(reference):
     for registry, name in ((ENTROPY_REG_MODES, "ENTROPY_REG_MODES"), (GRAD_REG_MODES, "GRAD_REG_MODES")):
         listed = reference.registered_modes(str(REPO_ROOT), name)
-        assert re.findall(r"`(\w+)` \(", listed) == list(registry), name
+        assert re.findall(r"- `(\w+)`: ", listed) == list(registry), name
         for mode, cls in registry.items():
-            assert f"`{mode}` ({cls.summary})" in listed
+            assert f"- `{mode}`: {cls.summary}." in listed
+        assert " ".join(registry.describe("    ", width=60).split()) == listed  # the imported docstring's words
+
+
+def test_the_configuration_page_holds_the_current_tables_as_markdown(reference):
+    """Issue #72: the field tables existed only in the built site, so docs/configuration.md read as an empty page on a
+    code host. They are written into the page (`python docs/hooks/reference.py`); here the page's parts must be what
+    the code generates now, every field a row of the Markdown itself (the site's build checks the same statically)."""
+    page = (REPO_ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    parts = reference.generated_parts(str(REPO_ROOT), GRPOConfig.__doc__)
+    assert reference.with_parts(page, parts) == page, "docs/configuration.md is stale: run python docs/hooks/reference.py"
+    trl_fields = {field.name for field in dataclasses.fields(TRLGRPOConfig)}
+    ours = [field.name for field in dataclasses.fields(GRPOConfig) if field.name not in trl_fields]
+    recipe = load(REPO_ROOT / "recipes" / "math_gsm8k.py", "math_gsm8k_for_page")
+    script = [field.name for field in dataclasses.fields(recipe.GSM8KScriptArguments)]
+    assert ROW_NAME.findall(page) == ours + script
+    stale = page.replace("| `eval_limit` | `200` |", "| `eval_limit` | `100` |")
+    assert reference.with_parts(stale, parts) == page  # a stale row is rewritten
+    with pytest.raises(reference.PluginError, match="no <!-- generated: GRPOConfig --> followed by"):
+        reference.with_parts(page.replace(reference.END_MARKER, ""), parts)
 
 
 def test_a_docstring_without_parameter_sections_is_refused(reference):
