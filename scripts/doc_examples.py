@@ -19,12 +19,20 @@ FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1\s*$", re.MULTILINE | re.DOTALL)
 # name -> (page, marker, [(text, replacement), ...]); `{work}` in a replacement is the work folder
 EXAMPLES = {
     # the README's minimal script, run offline as the README says: the tiny model at {work}/tiny, HF_HUB_OFFLINE=1
-    "minimal-script": ("README.md", "from trl_grpo_ext import GRPOConfig, GRPOTrainer  # was",
-                       [('model = "Qwen/Qwen2.5-0.5B-Instruct"', 'model = "{work}/tiny"'),
-                        ('output_dir="outputs/minimal"', 'output_dir="{work}/minimal"')]),  # fmt: skip
+    "minimal-script": (
+        "README.md",
+        "from trl_grpo_ext import GRPOConfig, GRPOTrainer  # was",
+        [
+            ('model = "Qwen/Qwen2.5-0.5B-Instruct"', 'model = "{work}/tiny"'),
+            ('output_dir="outputs/minimal"', 'output_dir="{work}/minimal"'),
+        ],
+    ),  # fmt: skip
     # getting-started's offline `trl-grpo-ext grpo` run with TRL's accuracy_reward (math-verify: the gsm8k extra)
-    "grpo-offline": ("docs/getting-started.md", "trl-grpo-ext grpo --model_name_or_path /tmp/tiny-grpo",
-                     [("/tmp/", "{work}/")]),  # fmt: skip
+    "grpo-offline": (
+        "docs/getting-started.md",
+        "trl-grpo-ext grpo --model_name_or_path /tmp/tiny-grpo",
+        [("/tmp/", "{work}/")],
+    ),  # fmt: skip
 }
 
 

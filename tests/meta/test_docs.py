@@ -66,7 +66,7 @@ def test_the_configuration_page_holds_the_current_tables_as_markdown(reference):
     the code generates now, every field a row of the Markdown itself (the site's build checks the same statically)."""
     page = (REPO_ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     parts = reference.generated_parts(str(REPO_ROOT), GRPOConfig.__doc__)
-    assert reference.with_parts(page, parts) == page, "docs/configuration.md is stale: run python docs/hooks/reference.py"
+    assert reference.with_parts(page, parts) == page, "stale: run python docs/hooks/reference.py"
     trl_fields = {field.name for field in dataclasses.fields(TRLGRPOConfig)}
     ours = [field.name for field in dataclasses.fields(GRPOConfig) if field.name not in trl_fields]
     recipe = load(REPO_ROOT / "recipes" / "math_gsm8k.py", "math_gsm8k_for_page")
