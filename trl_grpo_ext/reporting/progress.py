@@ -64,7 +64,7 @@ class StepProgress(TrainerCallback):
         self._hook = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._step = self._max_steps = self._max_tokens = 0
+        self._step_number = self._steps_planned = self._max_tokens = 0
         self._reset(time.monotonic())
 
     def _reset(self, now: float) -> None:
@@ -95,7 +95,7 @@ class StepProgress(TrainerCallback):
         """The progress line at `now` (`time.monotonic()`, default the present): the step, the time since it began,
         and what it is doing."""
         now = time.monotonic() if now is None else now
-        head = f"step {self._step}/{self._max_steps}, {duration(now - self._start)} in"
+        head = f"step {self._step_number}/{self._steps_planned}, {duration(now - self._start)} in"
         generated = None
         if self._generation_end is not None:
             took = self._generation_end - (self._generation_start or self._start)
@@ -114,7 +114,7 @@ class StepProgress(TrainerCallback):
             print(self.line(), flush=True)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self._max_steps = state.max_steps
+        self._steps_planned = state.max_steps
         self._max_tokens = getattr(args, "max_completion_length", None) or 0
         compiled = getattr(args, "generation_compile", False) or getattr(args, "use_vllm", False)
         layer = first_decoder_layer(model) if model is not None and not compiled else None
@@ -123,9 +123,9 @@ class StepProgress(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._stop_thread()
-        self._step = state.global_step + 1
+        self._step_number = state.global_step + 1
         self._reset(time.monotonic())
-        every = self.every_s if self._step == 1 else self.later_every_s
+        every = self.every_s if self._step_number == 1 else self.later_every_s
         if every is None or not state.is_world_process_zero:
             return
         self._stop = threading.Event()
