@@ -1,14 +1,16 @@
 """GSM8K test accuracy of a model, a training checkpoint or a LoRA adapter folder.
 
     python recipes/eval_gsm8k.py --model_name_or_path outputs/qwen2.5-1.5b-lora-gsm8k --limit 200
-    python recipes/eval_gsm8k.py --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct --maj_k 8 \\
-        --dataset_path ../shared/data/gsm8k
+    python recipes/eval_gsm8k.py --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct --maj_k 8   # openai/gsm8k, Hub
+    python recipes/eval_gsm8k.py --model_name_or_path outputs/demo_cpu --dataset_path DIR --limit 8   # GSM8K in DIR
 
 Reports greedy pass@1 accuracy, strict (final answer in `\\boxed{}`, the trained format) and lenient (the answer
-anywhere in the completion), and with `--maj_k K` the majority vote over K sampled completions. Prints a progress line
-a batch (problems done, time elapsed and left), then a table, and writes the figures, every completion and the
-decoding settings used (`"generation"`) to `--output_file` (default `<model folder or .>/eval_gsm8k.json`, so the
-`eval_results.json` a training run writes is kept).
+anywhere in the completion), and with `--maj_k K` the majority vote over K sampled completions. When half the greedy
+completions or more are empty or blank, a line says whether the model collapsed in training or gave no answer before
+it either (measured on a recipe run of the tiny model, whose starting model it loads; otherwise the line gives the
+command that tells). Prints a progress line a batch (problems done, time elapsed and left), then a table, and writes
+the figures, every completion and the decoding settings used (`"generation"`) to `--output_file` (default `<model
+folder or .>/eval_gsm8k.json`, so the `eval_results.json` a training run writes is kept).
 
 Decoding takes nothing from the model's `generation_config.json` (a Qwen2.5 Instruct checkpoint's repetition penalty,
 top-k, top-p and temperature): greedy is argmax, maj@k samples at `--temperature` over the whole vocabulary
@@ -24,6 +26,7 @@ folder, bad data, an unknown option: "did you mean `--max_new_tokens`?") prints 
 import json
 import os
 import sys
+from pathlib import Path
 
 from trl_grpo_ext.cli import errors
 from trl_grpo_ext.error_reports import MissingDependencyError
@@ -39,11 +42,13 @@ from trl_grpo_ext.gsm8k.data import load_gsm8k
 
 try:  # the GSM8K task's reward functions are the `gsm8k` extra (math-verify): one line, not a traceback
     from trl_grpo_ext.gsm8k.evaluation import (
+        EMPTY_SHARE,
         collapse_warning,
         evaluate_gsm8k,
         format_table,
         load_model_for_eval,
         run_chat_template_kwargs,
+        untrained_empty_share,
         write_results,
     )
 except MissingDependencyError as error:
@@ -96,6 +101,19 @@ def chat_template_kwargs_of(args: EvalArguments) -> dict:
     return kwargs
 
 
+def starting_model(path: str) -> tuple[str | None, bool]:
+    """The model a run at `path` started from, and whether it is the recipe's tiny model (small enough to load beside
+    the evaluated one): the run's `tiny-model/` folder (in a run folder, or beside a checkpoint), the base model of a
+    LoRA adapter folder, else (None, False)."""
+    for folder in (Path(path), Path(path).parent):
+        if (folder / "tiny-model" / "config.json").is_file():
+            return str(folder / "tiny-model"), True
+    adapter = Path(path) / "adapter_config.json"
+    if adapter.is_file():
+        return json.loads(adapter.read_text()).get("base_model_name_or_path"), False
+    return None, False
+
+
 def main(args: EvalArguments) -> dict:
     errors.check_model_path("model_name_or_path", args.model_name_or_path)  # a missing folder fails here
     dataset = load_gsm8k("test", args.dataset_path, limit=args.limit)  # fails on bad data before loading the model
@@ -114,6 +132,11 @@ def main(args: EvalArguments) -> dict:
         seed=args.seed,
     )
     results["model"] = args.model_name_or_path
+    base, tiny = starting_model(args.model_name_or_path)
+    if results["empty_completions"] >= EMPTY_SHARE and tiny:  # an untrained model, or one its training wrecked?
+        before, _ = load_model_for_eval(base, dtype=args.dtype)
+        results["untrained"] = untrained_empty_share(before, tokenizer, dataset, max_new_tokens=args.max_new_tokens,
+                                                     chat_template_kwargs=chat_template_kwargs)  # fmt: skip
     output_file = args.output_file
     if output_file is None:
         folder = args.model_name_or_path if os.path.isdir(args.model_name_or_path) else "."
@@ -121,7 +144,7 @@ def main(args: EvalArguments) -> dict:
     path = write_results(results, os.path.dirname(output_file) or ".", os.path.basename(output_file))
     print(format_table(results))
     print(f"Saved {path}")
-    warning = collapse_warning(results)
+    warning = collapse_warning(results, base=base)
     if warning:
         print(warning)
     return results

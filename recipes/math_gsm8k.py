@@ -4,13 +4,16 @@ Launch (any `GRPOConfig`, `ModelConfig` or script field can be overridden on the
 
     accelerate launch recipes/math_gsm8k.py --config recipes/configs/gsm8k-24gb.yaml   # or gsm8k-{8,12,16}gb.yaml
     python recipes/math_gsm8k.py --config recipes/configs/demo_cpu.yaml            # CPU demo, no download
-    python recipes/math_gsm8k.py --config recipes/configs/demo_cpu.yaml --dataset_path ../shared/data/gsm8k
+    python recipes/math_gsm8k.py --config recipes/configs/demo_cpu.yaml --dataset_path DIR   # GSM8K in DIR
 
 Data: the Hub dataset `openai/gsm8k` (config `main`) by default; `--dataset_path DIR` reads GSM8K-format
 `train.jsonl` / `test.jsonl` from a local folder; `--synthetic_problems N` uses N seeded generated problems instead
-(the CPU demo). After training, the model is evaluated on `--eval_limit` test problems (greedy pass@1, strict and
-lenient: argmax decoding, whatever the checkpoint's generation_config.json sets), its batches of `--eval_batch_size`
-shared over the processes, a progress line a batch; `eval_results.json` (with the decoding settings used) is written
+(the CPU demo). While a step runs longer than 30 s (the first step; 5 minutes for later ones), progress lines say
+what it is doing (`trl_grpo_ext.reporting.progress`: generating, how many tokens so far; scoring; the update). After
+training, the model is evaluated on `--eval_limit` test problems (greedy pass@1, strict and lenient: argmax decoding,
+whatever the checkpoint's generation_config.json sets; `--eval_limit 0` skips it, and a run of fewer than 10 steps
+takes at most 8 problems, saying so), its batches of `--eval_batch_size` shared over the processes, a progress line a
+batch; `eval_results.json` (with the decoding settings used) is written
 to `output_dir`. Relaunching a finished run with `--resume_from_checkpoint true` (a requeued job) trains, saves and
 evaluates nothing and says the run is complete. SIGTERM (a scheduler stopping the job) is handled as Ctrl-C is, and
 saves a checkpoint of the step in progress first: one line says how to resume.
@@ -32,6 +35,7 @@ sizes, learning rate, rewards, dtype and memory settings stay the preset's (docs
     accelerate launch recipes/math_gsm8k.py --config recipes/configs/gsm8k-24gb.yaml --features off
 """
 
+import contextlib
 import dataclasses
 import signal
 import sys
@@ -46,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from datasets import Dataset
-from transformers import PrinterCallback, ProgressCallback
+from transformers import AutoModelForCausalLM, PrinterCallback, ProgressCallback
 from trl import ModelConfig, TrlParser, get_peft_config, get_quantization_config
 from trl.models import unwrap_model_for_generation
 from trl.rewards import get_soft_overlong_punishment
@@ -61,16 +65,19 @@ from trl_grpo_ext.gsm8k.data import load_gsm8k, synthetic_gsm8k, to_grpo_rows
 
 try:  # the GSM8K task's reward functions are the `gsm8k` extra (math-verify): one line, not a traceback
     from trl_grpo_ext.gsm8k.evaluation import (
+        EMPTY_SHARE,
         collapse_warning,
         evaluate_gsm8k,
         format_table,
         save_chat_template_kwargs,
+        untrained_empty_share,
         write_results,
     )
     from trl_grpo_ext.gsm8k.rewards import REWARD_FUNCS
 except MissingDependencyError as error:
     raise SystemExit(f"math_gsm8k.py: error: {error}") from None
 from trl_grpo_ext.reporting.callbacks import MetricsTableCallback
+from trl_grpo_ext.reporting.progress import StepProgress
 from trl_grpo_ext.resume import last_complete_checkpoint
 
 
@@ -81,7 +88,7 @@ class GSM8KScriptArguments:
     dataset_path: str | None = field(
         default=None,
         metadata={
-            "help": "Folder with GSM8K-format train.jsonl/test.jsonl (e.g. ../shared/data/gsm8k). Default: Hub."
+            "help": "Folder with GSM8K-format train.jsonl/test.jsonl (a copy of openai/gsm8k). Default: the Hub."
         },
     )
     synthetic_problems: int = field(
@@ -89,7 +96,11 @@ class GSM8KScriptArguments:
         metadata={"help": "When > 0 and no dataset_path: train on this many seeded generated problems (no download)."},
     )
     train_limit: int | None = field(default=None, metadata={"help": "Use only the first N training problems."})
-    eval_limit: int = field(default=200, metadata={"help": "Test problems to evaluate after training; 0 skips it."})
+    eval_limit: int = field(
+        default=200,
+        metadata={"help": "Test problems to evaluate after training (at most 8 after a run of fewer than 10 steps, "
+                  "said in a line); 0 skips it."},
+    )  # fmt: skip
     eval_batch_size: int = field(default=16, metadata={"help": "Prompts generated at once in the evaluation."})
     reward_funcs: list[str] = field(
         default_factory=lambda: ["gsm8k_accuracy", "gsm8k_format"],
@@ -145,6 +156,37 @@ def pretrained_learning_rate_warning(learning_rate: float, lora: bool) -> str | 
     )
 
 
+# A run of fewer optimizer steps than this is a trial of the pipeline: its evaluation takes at most SHORT_RUN_EVAL test
+# problems (the SmolLM2 CPU config's 50 took 18 minutes on busy cores after a 3-step run)
+SHORT_RUN_STEPS, SHORT_RUN_EVAL = 10, 8
+
+
+def short_run_evaluation(max_steps: int, eval_limit: int, output_dir: str) -> tuple[int, str | None]:
+    """The test problems the end-of-run evaluation takes, and the line that says so when a short run (`max_steps`
+    between 1 and `SHORT_RUN_STEPS` - 1) takes fewer than `eval_limit` (`SHORT_RUN_EVAL`); else `eval_limit`, None."""
+    if not 0 < max_steps < SHORT_RUN_STEPS or eval_limit <= SHORT_RUN_EVAL:
+        return eval_limit, None
+    return SHORT_RUN_EVAL, (
+        f"max_steps={max_steps} is a short run (under {SHORT_RUN_STEPS} steps): its evaluation takes {SHORT_RUN_EVAL} "
+        f"of eval_limit={eval_limit} test problems; --eval_limit 0 skips it, and `python recipes/eval_gsm8k.py "
+        f"--model_name_or_path {output_dir} --limit {eval_limit}` evaluates the saved model on all {eval_limit}"
+    )
+
+
+@contextlib.contextmanager
+def model_before_training(model, tiny_dir: Path | None):
+    """The model as it was before training, to tell an untrained model from a collapsed one (`untrained_empty_share`):
+    the tiny model from its folder, a LoRA model with its adapter disabled; None for a named model fine-tuned in full
+    (the evaluation's warning then says how to evaluate it)."""
+    if tiny_dir is not None:
+        yield AutoModelForCausalLM.from_pretrained(tiny_dir).to(model.device).eval()
+    elif hasattr(model, "disable_adapter"):  # a PEFT model
+        with model.disable_adapter():
+            yield model
+    else:
+        yield None
+
+
 def features_off(training_args: GRPOConfig) -> dict:
     """Stock TRL GRPO: every field trl_grpo_ext adds to TRL's `GRPOConfig` (`own_fields`) set back to its default,
     in place; TRL's and transformers' fields keep their values. Returns the fields changed, with their former values.
@@ -194,6 +236,11 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
     if problem is not None:
         raise ValueError(problem)
 
+    script_args.eval_limit, shortened = short_run_evaluation(
+        training_args.max_steps, script_args.eval_limit, training_args.output_dir
+    )
+    if shortened is not None:
+        print(shortened)
     eval_dataset = None
     if script_args.dataset_path is None and script_args.synthetic_problems > 0:
         train_rows = to_grpo_rows(synthetic_gsm8k(script_args.synthetic_problems, seed=0))[: script_args.train_limit]
@@ -213,6 +260,7 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
     card = None if training_args.use_cpu else presets.cuda_card_gib()
     evaluated = script_args.eval_batch_size if script_args.eval_limit > 0 else None
     presets.warn_if_too_big(model_args, training_args, card, eval_batch_size=evaluated)
+    tiny_dir = None
     if script_args.tiny_model:
         tiny_dir = Path(training_args.output_dir).resolve() / "tiny-model"  # absolute: adapters record this path
         with training_args.main_process_first(desc="build tiny model"):
@@ -226,6 +274,7 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
         **(training_args.model_init_kwargs or {}),
     }
 
+    progress = StepProgress()  # lines while a slow step runs: nothing else prints before it ends
     trainer = GRPOTrainer(
         model=model_args.model_name_or_path,
         reward_funcs=[reward_registry[name] for name in script_args.reward_funcs],
@@ -233,7 +282,7 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
         train_dataset=train_dataset,
         peft_config=get_peft_config(model_args),
         quantization_config=get_quantization_config(model_args),
-        callbacks=[MetricsTableCallback()],
+        callbacks=[MetricsTableCallback(), progress],
     )
     # The table replaces the raw dict of every logged value that these print (the tqdm bar prints them too).
     trainer.remove_callback(PrinterCallback)
@@ -251,6 +300,8 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
             # which checkpoint is complete and how to resume
             number = getattr(interrupt, "signal_number", signal.SIGINT)
             raise errors.Interrupted(training_args.output_dir, trainer.state.global_step, __file__, number) from None
+        finally:
+            progress.close()  # an error skips the end of training, which stops its lines
     if trainer.run_already_complete:  # a finished job relaunched: its saved model and evaluation stay as they are
         print(f"Run already complete at step {trainer.state.global_step}: nothing saved or evaluated")
         trainer.end()
@@ -271,17 +322,20 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
                     seed=training_args.seed,
                     accelerator=trainer.accelerator,
                 )
+                if results["empty_completions"] >= EMPTY_SHARE:  # an untrained model, or one its training wrecked?
+                    with model_before_training(model, tiny_dir) as before:
+                        if before is not None:
+                            results["untrained"] = untrained_empty_share(
+                                before, trainer.processing_class, eval_dataset,
+                                max_new_tokens=training_args.max_completion_length,
+                                chat_template_kwargs=training_args.chat_template_kwargs,
+                                accelerator=trainer.accelerator,
+                            )  # fmt: skip
         if results and trainer.accelerator.is_main_process:
             path = write_results(results, training_args.output_dir)
             print(format_table(results))
             print(f"Saved {path}")
-            warning = collapse_warning(results, training_args.learning_rate)
-            if warning and script_args.tiny_model:  # what the CPU demo's model learns: not a wrecked pretrained model
-                warning = (
-                    f"Note: {results['empty_completions']:.0%} of the evaluation's completions are empty: the tiny "
-                    "random model learns to end its completions at once (the length penalty is the only reward it can "
-                    "earn); with a pretrained model this would be a collapse"
-                )
+            warning = collapse_warning(results, training_args.learning_rate, base=model_args.model_name_or_path)
             if warning:
                 print(warning)
     trainer.accelerator.wait_for_everyone()
@@ -290,8 +344,8 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
 
 
 # what a run of this recipe writes into output_dir besides the model and checkpoints (doctor.png: the doctor command)
-RUN_FILES = ("training_metrics.jsonl", "training_curves.png", "policy_groups.png", "doctor.png", "eval_results.json",
-             "chat_template_kwargs.json", "error.log")  # fmt: skip
+RUN_FILES = ("training_metrics.jsonl", "run_doctor_log.jsonl", "training_curves.png", "policy_groups.png",
+             "doctor.png", "eval_results.json", "chat_template_kwargs.json", "error.log")  # fmt: skip
 
 
 def clear_earlier_run(output_dir: str) -> list[str]:
@@ -324,6 +378,13 @@ def make_parser() -> TrlParser:
 def _cli(argv: list[str]) -> None:
     parser = make_parser()
     errors.check_config_file(parser, argv, examples="recipes/configs/*.yaml")  # before anything reads it
+    path = errors.config_path(argv)
+    if path is not None:  # before transformers' own check of bf16 fails while parsing, without the CPU configs
+        import torch
+
+        problem = presets.no_cuda_problem(path, errors.read_config_file(path), argv, cuda=torch.cuda.is_available())
+        if problem is not None:
+            raise ValueError(problem)
     # Before parsing: TrainingArguments builds its DeepSpeed plugin while parsing, and fails deep inside without it.
     check_optional_dependencies(deepspeed=deepspeed_requested(argv))
     main(*errors.parse_command_line(parser, argv))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The installed package, as `pip install .` gives it: build the wheel, check what it holds, install it with its
-# dependencies into a clean virtual environment, then, from outside the source tree, import the package and run the
-# `trl-grpo-ext` command (help, tiny-model, memory). Fails on the first error.
+# dependencies into a clean virtual environment, then, from outside the source tree, import the package, run the
+# `trl-grpo-ext` command (help, tiny-model, memory) and the documented examples (the README's minimal script, and the
+# commands that need an extra, which must stop with one line naming it). Fails on the first error.
 #
 #   bash scripts/wheel_check.sh [BUILD_VENV]     (default .venv: the set-up's environment, whose setuptools builds)
 #
@@ -132,4 +133,25 @@ wait "$tiny_pid" && [ -f "$work/tiny/config.json" ] && [ -f "$work/tiny/tokenize
   || fail "trl-grpo-ext tiny-model $work/tiny:"$'\n'"$(cat "$work/tiny.txt")"
 grep '^Wrote ' "$work/tiny.txt"
 stage "trl-grpo-ext tiny-model"
+
+# 5. The documented examples, as a reader copies them (scripts/doc_examples.py takes each from its page), in this
+# environment without extras: the README's minimal script trains its 4 steps offline, as the README says to run it;
+# getting-started's offline `trl-grpo-ext grpo ... --reward_funcs accuracy_reward` and `make demo`'s recipe each stop
+# before loading a model with one line naming the extra to install. The first runs while the other two do.
+"$build_py" "$repo/scripts/doc_examples.py" minimal-script "$work" >"$work/minimal.py"
+"$build_py" "$repo/scripts/doc_examples.py" grpo-offline "$work" >"$work/grpo.sh"
+run "$venv_py" "$work/minimal.py" >"$work/minimal.txt" 2>&1 & minimal_pid=$!
+one_line() {  # one_line NAME EXTRA COMMAND...: exit 1, no traceback, one error line (the last) naming the extra
+  local name="$1" extra="$2" rc=0; shift 2
+  run env PATH="$work/venv/bin:$PATH" "$@" >"$work/$name.out" 2>"$work/$name.err" || rc=$?
+  [ "$rc" -eq 1 ] && ! grep -q Traceback "$work/$name.err" && [ "$(grep -c ': error: ' "$work/$name.err")" -eq 1 ] \
+    && tail -n 1 "$work/$name.err" | grep -q ": error: .*pip install 'trl-grpo-ext\[$extra\]'" \
+    || fail "$name: expected exit 1 and one line naming the $extra extra, got exit $rc:"$'\n'"$(cat "$work/$name.err")"
+  echo "$name: $(tail -n 1 "$work/$name.err")"
+}
+one_line grpo-offline gsm8k bash "$work/grpo.sh"
+one_line make-demo gsm8k "$venv_py" "$repo/recipes/math_gsm8k.py" --config "$repo/recipes/configs/demo_cpu.yaml"
+wait "$minimal_pid" && grep -q "train_runtime" "$work/minimal.txt" \
+  || fail "the README's minimal script:"$'\n'"$(tail -20 "$work/minimal.txt")"
+stage "the documented examples: the minimal script trained; grpo and the demo named the missing extra in one line"
 echo "wheel-check: passed in $(( $(date +%s) - start )) s"

@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny random-init Qwen2 model built once per session, real GSM8K from ../shared, no downloads."""
+"""Shared fixtures: a tiny random-init Qwen2 model built once per session, real GSM8K from a local folder (the folder
+`GSM8K_DATASET_PATH` names, by default the project's shared data folder next to the repository), no downloads."""
 
 import gc
 import os
@@ -15,7 +16,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs 2 pytest-xdist wor
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-GSM8K_DIR = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
+GSM8K_DIR = Path(os.environ.get("GSM8K_DATASET_PATH") or REPO_ROOT.parent / "shared" / "data" / "gsm8k")
 
 
 os.environ.setdefault(BACKEND_ENV, "aot_eager")  # tests/cpu_compile.py
@@ -64,7 +65,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def gsm8k_dir() -> Path:
     if not (GSM8K_DIR / "train.jsonl").is_file():
-        message = f"real GSM8K data not found at {GSM8K_DIR} (the shared folder next to the repository)"
+        message = f"real GSM8K data not found at {GSM8K_DIR} (set GSM8K_DATASET_PATH to a GSM8K-format folder)"
         if os.environ.get("CI"):
             pytest.fail(message)  # CI always has it: a skip there would hide the real-data tests
         pytest.skip(message)

@@ -27,9 +27,9 @@ from pathlib import Path
 
 VERSIONED_PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate")
 # module -> (its package on PyPI, the extra of pyproject.toml that installs it): what `pip install trl-grpo-ext` leaves
-# out, for the GSM8K task, the plots and the QLoRA path
+# out, for the GSM8K task, the plots, the QLoRA path and the offline SmolLM2 build (`trl-grpo-ext smollm2`)
 EXTRAS = {"math_verify": ("math-verify", "gsm8k"), "matplotlib": ("matplotlib", "doctor"),
-          "bitsandbytes": ("bitsandbytes", "qlora")}  # fmt: skip
+          "bitsandbytes": ("bitsandbytes", "qlora"), "gguf": ("gguf", "smollm2")}  # fmt: skip
 
 
 class MissingDependencyError(ImportError):

@@ -257,11 +257,11 @@ class Registry(dict):
         del self[name]
 
     def describe(self, indent: str = "", width: int = 119) -> str:
-        """A list item per mode, `- name: summary`, wrapped at `width` columns after `indent`, for docstrings."""
+        """A list item per mode, `- name: summary`, wrapped at `width` columns after `indent` (between words only),
+        for docstrings."""
         items = [f"- `{name}`: {cls.summary}." for name, cls in self.items()]
-        return "\n".join(
-            textwrap.fill(item, width, initial_indent=indent, subsequent_indent=indent + "  ") for item in items
-        )
+        fill = dict(initial_indent=indent, subsequent_indent=indent + "  ", break_on_hyphens=False)
+        return "\n".join(textwrap.fill(item, width, break_long_words=False, **fill) for item in items)
 
     def help(self) -> str:
         """The modes on one line, `name (summary); ...`, for `--help`."""

@@ -11,6 +11,10 @@ and ZeRO stage. Read as accelerate and transformers read them:
   environment's stage, 2 when unset (accelerate's `DeepSpeedPlugin`); a missing one is DeepSpeed's 0.
 
 A DeepSpeed config that is not a dict or a readable file (transformers also takes base64) is left to the trainer.
+
+`engine_fallback` compares what the settings ask for with the engine accelerate set up: accelerate 1.16 takes its
+FSDP branch only for GPU-like devices, so FSDP asked for on CPU processes (`use_cpu`, or a machine without CUDA)
+trains as plain DDP over gloo, silently.
 """
 
 import json
@@ -77,6 +81,28 @@ def sharding_engine(args) -> str | None:
     if deepspeed is None or deepspeed.stage != "3":
         return None
     return f"DeepSpeed ZeRO-3, from {deepspeed.where}"
+
+
+# accelerate's `DistributedType` values, as a run trains under them
+ENGINE_NAMES = {
+    "NO": "one process, nothing sharded",
+    "MULTI_CPU": "DDP over gloo on CPU processes (each holds the whole model, nothing sharded)",
+    "MULTI_GPU": "DDP on GPUs (each holds the whole model, nothing sharded)",
+}
+
+
+def engine_fallback(args, distributed_type) -> str | None:
+    """One line when the settings ask for FSDP (`fsdp_source`) but accelerate set up `distributed_type` (its
+    `DistributedType`, or the value's name) instead, naming the engine the run trains under; None otherwise."""
+    source = fsdp_source(args)
+    name = getattr(distributed_type, "value", distributed_type)
+    if source is None or name == "FSDP":
+        return None
+    used = ENGINE_NAMES.get(name, name)
+    return (
+        f"FSDP is asked for ({source}) but accelerate trains this run as {name}: {used}. accelerate takes FSDP only "
+        "on GPUs; on a CPU use recipes/accelerate/ddp.yaml, or launch on CUDA devices for FSDP"
+    )
 
 
 def deepspeed_flag_off(value) -> bool:

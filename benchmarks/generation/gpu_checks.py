@@ -20,7 +20,8 @@ The most telling first:
    (`tests.gpu.test_resume_gpu.resume_inside_cycle`, the GPU test's case `every_feature_bf16_weights`).
 3. `qlora_eval`: QLoRA (bitsandbytes 4-bit NF4 + LoRA) trains 2 GRPO steps on GSM8K problems and its LoRA weights
    move; the adapter is saved and `recipes/eval_gsm8k.py`'s `main` evaluates it in this process on 4 test problems
-   (from `../shared/data/gsm8k` when present, else seeded GSM8K-format problems of `trl_grpo_ext.gsm8k.data`).
+   (from the project's shared GSM8K folder beside the repository when present, else seeded GSM8K-format problems
+   of `trl_grpo_ext.gsm8k.data`).
 4. `gpu_tests`: `pytest -m gpu` on the test files that hold GPU-marked tests (fast generation as the presets run it:
    in-place and copy merges with compilation, LoRA and 4-bit, bf16 and the T4 preset's fp16, 50 generations each;
    resume; the fp16 paths of the T4 preset and the quickstart notebook, `tests/gpu/test_fp16_gpu.py`; the run doctor's
@@ -108,7 +109,7 @@ def gsm8k_folder(work: Path) -> tuple[Path, str]:
         rows = synthetic_gsm8k(16, seed=seed)
         lines = [json.dumps({"question": r["question"], "answer": r["answer"]}) for r in rows]
         (folder / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
-    return folder, "seeded GSM8K-format problems: no ../shared/data/gsm8k here"
+    return folder, f"seeded GSM8K-format problems: no {GSM8K_DIR} here"
 
 
 def check_qlora_eval(model_dir: str, work: Path, device: str, dtype: str) -> str:

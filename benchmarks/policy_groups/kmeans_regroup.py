@@ -2,9 +2,10 @@
 
     python benchmarks/policy_groups/kmeans_regroup.py [--prompts 10000] [--groups 4] [--repeats 3]
 
-Prompts are GSM8K's training questions (`../shared/data/gsm8k/train.jsonl`, repeated up to `--prompts`), as chat
-prompts. The script times what the trainer does: TF-IDF features (`policy_groups.assignment.tfidf_features`) plus
-k-means (`kmeans_groups`). It prints the median of `--repeats` runs and the group sizes.
+Prompts are GSM8K's training questions (`train.jsonl` of `--dataset_path`, a GSM8K-format folder, by default the
+project's shared one beside the repository; repeated up to `--prompts`), as chat prompts. The script times what the
+trainer does: TF-IDF features (`policy_groups.assignment.tfidf_features`) plus k-means (`kmeans_groups`). It prints
+the median of `--repeats` runs and the group sizes.
 """
 
 import argparse

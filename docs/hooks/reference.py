@@ -1,7 +1,10 @@
-"""MkDocs hook: the configuration reference, generated from the code when the site is built (no hand-copied table).
+"""The configuration reference, generated from the code into `docs/configuration.md` (no hand-copied table), and the
+MkDocs hook that checks it is current when the site is built.
 
-`docs/configuration.md` holds two markers, each replaced by tables read by static analysis (griffe and `ast`; nothing
-is imported, so the docs build needs no torch):
+    python docs/hooks/reference.py     # rewrites the generated parts of docs/configuration.md (imports the package)
+
+`docs/configuration.md` holds two generated parts, each between a start marker and an end marker (HTML comments, not
+shown), so that the page reads as plain Markdown on a code host as on the site:
 
 - `<!-- generated: GRPOConfig -->`: the fields this package adds, from the class docstring of
   `trl_grpo_ext.GRPOConfig`, one table per `> Parameters that control ...` section (TRL's docstring style: a
@@ -10,8 +13,10 @@ is imported, so the docs build needs no torch):
 - `<!-- generated: GSM8KScriptArguments -->`: the GSM8K recipe's script fields, from the dataclass in
   `recipes/math_gsm8k.py` (name, default, `help` metadata).
 
-A marker that is missing, or a docstring without such sections, fails the build. `tests/meta/test_docs.py` checks that
-the tables list every field (it imports this module without MkDocs).
+Run as a script, this module writes both parts from the imported docstring. When the site is built, the hook reads the
+same by static analysis (griffe and `ast`; nothing is imported, so the docs build needs no torch) and fails the build
+when the page's parts differ (stale) or a marker is missing. `tests/meta/test_docs.py` checks that the page is current
+and that the tables list every field (it imports this module without MkDocs).
 """
 
 import ast
@@ -29,6 +34,8 @@ except ImportError:  # imported without MkDocs (tests/meta/test_docs.py): the sa
 PAGE = "configuration.md"
 CONFIG_MARKER = "<!-- generated: GRPOConfig -->"
 SCRIPT_MARKER = "<!-- generated: GSM8KScriptArguments -->"
+END_MARKER = "<!-- end of generated part -->"
+WRITE = "python docs/hooks/reference.py"
 FIELD = re.compile(r"^(\w+) \((.*)\):$")
 
 
@@ -75,8 +82,9 @@ def _field_sections(cls) -> list[str]:
 
 
 def registered_modes(root: str, registry: str) -> str:
-    """`name` (summary); ... for each class decorated `@<registry>.register("name")` in the package, read with `ast`:
-    what `Registry.describe` fills into the docstring's `{<registry>}` placeholder when the package is imported."""
+    """- `name`: summary. ... on one line, for each class decorated `@<registry>.register("name")` in the package, read
+    with `ast`: the words `Registry.describe` fills into the docstring's `{<registry>}` placeholder when the package is
+    imported (there on several lines)."""
     modes = []
     for folder, _, names in sorted(os.walk(os.path.join(root, "trl_grpo_ext"))):
         for name in sorted(names):
@@ -106,10 +114,10 @@ def registered_modes(root: str, registry: str) -> str:
                         )
                         if summary is None:
                             raise PluginError(f"{name}: mode class {node.name} has no constant `summary`")
-                        modes.append(f"`{decorator.args[0].value}` ({summary})")
+                        modes.append(f"- `{decorator.args[0].value}`: {summary}.")
     if not modes:
         raise PluginError(f"no mode registered in {registry}")
-    return "; ".join(modes) + "."
+    return " ".join(modes)
 
 
 def fill_placeholders(docstring: str, root: str) -> str:
@@ -229,16 +237,36 @@ def script_table(root: str, path: str, class_name: str = "GSM8KScriptArguments")
     return "\n".join(rows) + "\n"
 
 
+def generated_parts(root: str, docstring: str) -> dict[str, str]:
+    """Start marker -> the Markdown generated for it: `GRPOConfig`'s tables from `docstring` (its class docstring,
+    placeholders filled), the GSM8K recipe's script fields from `recipes/math_gsm8k.py`."""
+    recipe = os.path.join(root, "recipes", "math_gsm8k.py")
+    return {CONFIG_MARKER: config_tables(docstring), SCRIPT_MARKER: script_table(root, recipe)}
+
+
+def with_parts(markdown: str, parts: dict[str, str]) -> str:
+    """`markdown` with the text between each start marker of `parts` and the next `END_MARKER` replaced by its part.
+
+    Raises:
+        PluginError: a start marker, or the end marker after it, is missing.
+    """
+    for marker, text in parts.items():
+        start = markdown.find(marker)
+        end = markdown.find(END_MARKER, start + 1) if start >= 0 else -1
+        if end < 0:
+            raise PluginError(f"docs/{PAGE}: no {marker} followed by {END_MARKER}")
+        markdown = f"{markdown[: start + len(marker)]}\n\n{text.strip()}\n\n{markdown[end:]}"
+    return markdown
+
+
 def on_page_markdown(markdown, page, config, files):
     if page.file.src_uri != PAGE:
         return markdown
     root = os.path.dirname(config.config_file_path)
-    for marker in (CONFIG_MARKER, SCRIPT_MARKER):
-        if marker not in markdown:
-            raise PluginError(f"docs/{PAGE}: the marker {marker} is missing")
-    docstring = fill_placeholders(config_docstring(root), root)
-    markdown = markdown.replace(CONFIG_MARKER, config_tables(docstring))
-    return markdown.replace(SCRIPT_MARKER, script_table(root, os.path.join(root, "recipes", "math_gsm8k.py")))
+    current = with_parts(markdown, generated_parts(root, fill_placeholders(config_docstring(root), root)))
+    if current != markdown:
+        raise PluginError(f"docs/{PAGE}: its generated tables are not the code's: run `{WRITE}`")
+    return markdown
 
 
 def feature_pages(nav: list, docs_dir: str) -> list:
@@ -267,3 +295,24 @@ def feature_pages(nav: list, docs_dir: str) -> list:
 def on_config(config):
     config["nav"] = feature_pages(config["nav"], config["docs_dir"])
     return config
+
+
+def main() -> None:
+    """Write the generated parts of `docs/configuration.md` from the imported package (run from the repository)."""
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, root)
+    from trl_grpo_ext import GRPOConfig
+
+    path = os.path.join(root, "docs", PAGE)
+    with open(path, encoding="utf-8") as handle:
+        markdown = handle.read()
+    written = with_parts(markdown, generated_parts(root, GRPOConfig.__doc__))
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(written)
+    print(f"docs/{PAGE}: {'rewritten' if written != markdown else 'already current'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -54,9 +54,28 @@ def test_the_recipe_fields_table_lists_every_script_field(reference):
 def test_the_modes_read_statically_are_the_registered_ones(reference):
     for registry, name in ((ENTROPY_REG_MODES, "ENTROPY_REG_MODES"), (GRAD_REG_MODES, "GRAD_REG_MODES")):
         listed = reference.registered_modes(str(REPO_ROOT), name)
-        assert re.findall(r"`(\w+)` \(", listed) == list(registry), name
+        assert re.findall(r"- `(\w+)`: ", listed) == list(registry), name
         for mode, cls in registry.items():
-            assert f"`{mode}` ({cls.summary})" in listed
+            assert f"- `{mode}`: {cls.summary}." in listed
+        assert " ".join(registry.describe("    ", width=60).split()) == listed  # the imported docstring's words
+
+
+def test_the_configuration_page_holds_the_current_tables_as_markdown(reference):
+    """Issue #72: the field tables existed only in the built site, so docs/configuration.md read as an empty page on a
+    code host. They are written into the page (`python docs/hooks/reference.py`); here the page's parts must be what
+    the code generates now, every field a row of the Markdown itself (the site's build checks the same statically)."""
+    page = (REPO_ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    parts = reference.generated_parts(str(REPO_ROOT), GRPOConfig.__doc__)
+    assert reference.with_parts(page, parts) == page, "stale: run python docs/hooks/reference.py"
+    trl_fields = {field.name for field in dataclasses.fields(TRLGRPOConfig)}
+    ours = [field.name for field in dataclasses.fields(GRPOConfig) if field.name not in trl_fields]
+    recipe = load(REPO_ROOT / "recipes" / "math_gsm8k.py", "math_gsm8k_for_page")
+    script = [field.name for field in dataclasses.fields(recipe.GSM8KScriptArguments)]
+    assert ROW_NAME.findall(page) == ours + script
+    stale = page.replace("| `eval_limit` | `200` |", "| `eval_limit` | `100` |")
+    assert reference.with_parts(stale, parts) == page  # a stale row is rewritten
+    with pytest.raises(reference.PluginError, match="no <!-- generated: GRPOConfig --> followed by"):
+        reference.with_parts(page.replace(reference.END_MARKER, ""), parts)
 
 
 def test_a_docstring_without_parameter_sections_is_refused(reference):
@@ -110,3 +129,45 @@ def test_a_feature_page_needs_no_line_in_the_nav(reference, tmp_path):
     (tmp_path / "features" / "untitled.md").write_text("no heading\n")
     with pytest.raises(Exception, match="untitled.md has no '# ' heading"):
         reference.feature_pages(nav, str(tmp_path))
+
+
+# What a user reads or runs from a clone (issue #72): the docs, the recipes and their configs and notebooks, the
+# benchmarks (their recorded results aside), the package. Tests and CI may read the project's shared data folder.
+CLONE_FILES = [
+    path
+    for path in [
+        *(REPO_ROOT / name for name in ("README.md", "Makefile", "pyproject.toml", "mkdocs.yml")),
+        *(REPO_ROOT / folder for folder in ("docs", "recipes", "benchmarks", "trl_grpo_ext")),
+    ]  # fmt: skip
+    for path in ([path] if path.is_file() else sorted(path.rglob("*")))
+    if path.is_file()
+    and "results" not in path.parts
+    and "__pycache__" not in path.parts
+    and path.suffix in {"", ".md", ".py", ".yaml", ".yml", ".toml", ".ipynb", ".json", ".sh", ".txt"}
+]
+
+
+def test_no_page_config_or_recipe_names_files_outside_the_repository():
+    """A fresh clone has no `../shared`: every route the docs give is in the repository (the Hub names, the
+    `trl-grpo-ext smollm2` command, a GSM8K folder the user gives)."""
+    assert len(CLONE_FILES) > 100
+    outside = [f"{path.relative_to(REPO_ROOT)}:{number}" for path in CLONE_FILES
+               for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+               if "../shared" in line or re.search(r"\bget_smollm2\.py", line)]  # fmt: skip
+    assert not outside, outside
+
+
+def test_the_examples_the_wheel_check_runs_are_the_pages_own(tmp_path):
+    """scripts/wheel_check.sh runs the README's minimal script and getting-started's offline `trl-grpo-ext grpo` in a
+    clean environment without extras (issue #72), taken from the pages by scripts/doc_examples.py: each marker finds
+    one block, and the replacements the page tells an offline reader to make are all made."""
+    doc_examples = load(REPO_ROOT / "scripts" / "doc_examples.py", "doc_examples")
+    work = str(tmp_path)
+    minimal = doc_examples.example("minimal-script", work)
+    assert f'model = "{work}/tiny"' in minimal and "trainer.train()" in minimal and "Qwen/" not in minimal
+    grpo = doc_examples.example("grpo-offline", work)
+    assert "--reward_funcs accuracy_reward" in grpo and f"{work}/tiny-grpo" in grpo
+    assert grpo.count("/tmp/") == grpo.count(f"{work}/") == 6  # every path moved into the work folder
+    with pytest.raises(ValueError, match="0 code blocks contain"):
+        doc_examples.EXAMPLES["gone"] = ("README.md", "no such marker in any block", [])
+        doc_examples.example("gone", work)

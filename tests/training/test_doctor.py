@@ -375,7 +375,9 @@ def _train(model_dir, output_dir, reward, **overrides):
     return trainer
 
 
-def test_run_doctor_logs_the_step_time_split_and_leaves_training_unchanged(tiny_model_dir, tmp_path):
+def test_run_doctor_logs_the_step_time_split_and_leaves_training_unchanged(tiny_model_dir, tmp_path, capsys):
+    """... and (issue #72) writes the log it checked at the end, so that the command its end-of-run line names works
+    on a run that saved nothing else (`save_strategy="no"`, no recipe: before, "holds no training log")."""
     plain = _train(tiny_model_dir, tmp_path / "plain", length_reward)
     doctor = _train(tiny_model_dir, tmp_path / "doctor", length_reward, run_doctor=True)
     assert sum(isinstance(c, DoctorCallback) for c in doctor.callback_handler.callbacks) == 1
@@ -388,6 +390,13 @@ def test_run_doctor_logs_the_step_time_split_and_leaves_training_unchanged(tiny_
         assert 0 < row["timing/generation"] < row["step_time"] and 0 < row["timing/scoring"] < row["step_time"]
         assert "memory/peak_reserved_gib" not in row  # CPU
     assert not any("timing/generation" in row for row in plain.state.log_history)
+    logged = [json.loads(line) for line in (tmp_path / "doctor" / "run_doctor_log.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in logged] == [1, 2, 3] and logged[0]["reward"] == rows[0]["reward"]
+    assert {p.name for p in (tmp_path / "doctor").iterdir()} == {"run_doctor_log.jsonl"}  # nothing else was saved
+    assert not (tmp_path / "plain" / "run_doctor_log.jsonl").exists()
+    capsys.readouterr()
+    assert cli.main(["doctor", str(tmp_path / "doctor"), "--no-png"]) == 0
+    assert "3 logged training steps, up to step 3" in capsys.readouterr().out
 
 
 def test_timings_are_per_optimizer_step_when_a_generation_batch_serves_two(tiny_model_dir, tmp_path):

@@ -15,8 +15,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from tests.conftest import REPO_ROOT
 from tests.two_process import run_distributed
 from trl_grpo_ext.gsm8k import eval_generation
-from trl_grpo_ext.gsm8k.eval_generation import decoding_settings, duration, progress_line, shard_batches
+from trl_grpo_ext.gsm8k.eval_generation import decoding_settings, progress_line, shard_batches
 from trl_grpo_ext.gsm8k.evaluation import evaluate_gsm8k, write_results
+from trl_grpo_ext.reporting.progress import duration
 
 PROMPTS = [[{"role": "user", "content": "What is 2 + 3?"}], [{"role": "user", "content": "Tom has 4 apples and more"}]]
 NEW_TOKENS = 10

@@ -58,7 +58,8 @@ def test_evaluate_gsm8k_figures_by_hand(monkeypatch):
 
 def test_an_evaluation_of_empty_completions_warns_that_the_model_collapsed(monkeypatch):
     """Issue #30: a model wrecked by its training answers with nothing; 3 of 4 empty (one blank) is a warning that
-    names the learning rate, 1 of 4 is not."""
+    names the learning rate, 1 of 4 is not. Issue #72: an untrained model gives no answer either, so the line tells
+    the two apart by the model before training, or says how to when that was not measured."""
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"q{i}"}], "answer": "1"} for i in range(4)])
     for greedy, share in (([[""], [" \n"], [""], ["1"]], 0.75), ([[""], ["2"], ["3"], ["\boxed{1}"]], 0.25)):
         monkeypatch.setattr(evaluation, "generate", lambda *args, greedy=greedy, **kwargs: greedy)
@@ -69,9 +70,23 @@ def test_an_evaluation_of_empty_completions_warns_that_the_model_collapsed(monke
         )
         warning = collapse_warning(results, learning_rate=0.003)
         assert (warning is not None) is (share >= 0.5)
-    assert collapse_warning({"empty_completions": 0.75}, 0.003).startswith(
-        "Warning: 75% of the evaluation's completions are empty: the model has collapsed. Lower learning_rate (now "
-        "0.003)"
+    assert collapse_warning({"empty_completions": 0.75}, 0.003, base="HuggingFaceTB/SmolLM2-135M-Instruct") == (
+        "Warning: 75% of the evaluation's completions are empty or blank: the model has collapsed in training, or "
+        "gave no answer before it either (python recipes/eval_gsm8k.py --model_name_or_path "
+        "HuggingFaceTB/SmolLM2-135M-Instruct --limit 8 tells which, BASE being the model training started from); if "
+        "it collapsed, lower learning_rate (now 0.003) (a pretrained model: about 1e-5 at most in full fine-tuning, "
+        "2e-4 with LoRA), or train with LoRA; `trl-grpo-ext doctor` on the run folder shows when it happened"
+    )
+    collapsed = {"empty_completions": 1.0, "untrained": {"empty_completions": 0.0, "num_problems": 8}}
+    assert collapse_warning(collapsed, 0.003).startswith(
+        "Warning: 100% of the evaluation's completions are empty or blank, against 0% of the untrained model's on 8 "
+        "of these problems: the model has collapsed in training; lower learning_rate (now 0.003)"
+    )
+    untrained = {"empty_completions": 1.0, "untrained": {"empty_completions": 0.75, "num_problems": 8}}
+    assert collapse_warning(untrained, 0.003) == (
+        "Note: 100% of the evaluation's completions are empty or blank, and so were 75% of the untrained model's on 8 "
+        "of these problems: the model gave no answer before training either, so this is no collapse of training, and "
+        "the evaluation cannot show what it learned"
     )
 
 

@@ -309,3 +309,34 @@ def test_recipe_on_two_processes_holds_the_same_state_on_both(two_process_runs):
     logged = next(row for row in log if row.get("step") == 4 and "entropy_reg/coef" in row)
     assert logged["entropy_reg/coef"] == controller["coef"]["all"]
     assert [logged[f"policy_groups/{name}/weight"] for name in groups["names"]] == groups["weights"].tolist()
+
+
+def test_fsdp_asked_for_where_accelerate_sets_up_ddp_is_a_warning_naming_the_engine(tiny_model_dir, tmp_path,
+                                                                                    monkeypatch, caplog):  # fmt: skip
+    """Issue #72: `accelerate launch --config_file recipes/accelerate/fsdp2.yaml` on CPU processes trained as plain
+    DDP with no word said (accelerate 1.16 takes FSDP only on GPUs). The trainer now compares the launch's FSDP with
+    the engine accelerate set up and warns, naming it: here one CPU process under the launch's environment."""
+    import logging
+
+    from datasets import Dataset
+
+    from tests.conftest import length_reward, small_grpo_kwargs
+    from trl_grpo_ext import GRPOTrainer
+    from trl_grpo_ext.launch_engine import engine_fallback
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch` sets for a distributed_type: FSDP
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Say {i}"}]} for i in range(8)])
+    with caplog.at_level(logging.WARNING, logger="trl_grpo_ext.trainer"):
+        trainer = GRPOTrainer(tiny_model_dir, length_reward, GRPOConfig(**small_grpo_kwargs(tmp_path)), dataset)
+    assert trainer.accelerator.distributed_type == DistributedType.NO
+    assert (
+        "FSDP is asked for (accelerate launch's ACCELERATE_USE_FSDP) but accelerate trains this run as NO: one "
+        "process, nothing sharded" in caplog.text
+    )
+    assert "recipes/accelerate/ddp.yaml" in caplog.text
+    # the two CPU processes of fsdp2.yaml with use_cpu: DDP over gloo; FSDP set up, or not asked for: nothing
+    args = trainer.args
+    assert "as MULTI_CPU: DDP over gloo on CPU processes" in engine_fallback(args, DistributedType.MULTI_CPU)
+    assert engine_fallback(args, DistributedType.FSDP) is None
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    assert engine_fallback(args, DistributedType.MULTI_CPU) is None

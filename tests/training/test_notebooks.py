@@ -91,7 +91,7 @@ def test_notebook_runs_in_smoke_mode(name, gsm8k_dir, kernel_of_this_python, tmp
     monkeypatch.setenv("TRL_GRPO_EXT_NOTEBOOK_SMOKE", "1")
     monkeypatch.setenv("NOTEBOOK_OUTPUT_DIR", str(out))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # tiny matrices: a second thread only adds contention on 2 cores
-    monkeypatch.delenv("GSM8K_DATASET_PATH", raising=False)  # the notebook finds ../shared/data/gsm8k itself
+    monkeypatch.setenv("GSM8K_DATASET_PATH", str(gsm8k_dir))  # real GSM8K (without it: seeded problems)
     notebook = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
     notebook.cells.insert(0, nbformat.v4.new_code_cell("import sys\nprint(sys.executable)"))
 

@@ -55,11 +55,12 @@ def test_unknown_command_line_field_is_named():
 
 
 def test_recipe_end_to_end_on_real_gsm8k(gsm8k_dir, tmp_path):
-    """16 real GSM8K problems, tiny model, 2 steps, run as a user would: `python recipes/math_gsm8k.py ...`."""
+    """16 real GSM8K problems, tiny model, 2 steps, run as a user would: `python recipes/math_gsm8k.py ...`. A run of
+    2 steps is a short one (issue #72): its evaluation takes 8 of the 12 problems asked for, and says so."""
     out = tmp_path / "run"
     cmd = [
         sys.executable, "recipes/math_gsm8k.py", "--config", "recipes/configs/demo_cpu.yaml",
-        "--dataset_path", str(gsm8k_dir), "--train_limit", "16", "--max_steps", "2", "--eval_limit", "4",
+        "--dataset_path", str(gsm8k_dir), "--train_limit", "16", "--max_steps", "2", "--eval_limit", "12",
         "--output_dir", str(out),
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
@@ -77,9 +78,12 @@ def test_recipe_end_to_end_on_real_gsm8k(gsm8k_dir, tmp_path):
     assert max((after[k] - before[k]).abs().max().item() for k in before) > 1e-4
 
     results = json.loads((out / "eval_results.json").read_text())
-    assert results["num_problems"] == 4
+    assert results["num_problems"] == 8
+    assert (f"max_steps=2 is a short run (under 10 steps): its evaluation takes 8 of eval_limit=12 test problems; "
+            f"--eval_limit 0 skips it, and `python recipes/eval_gsm8k.py --model_name_or_path {out} --limit 12` "
+            "evaluates the saved model on all 12") in proc.stdout  # fmt: skip
     assert 0.0 <= results["strict_accuracy"] <= results["lenient_accuracy"] <= 1.0
-    assert len(results["samples"]) == 4 and all(isinstance(s["completion"], str) for s in results["samples"])
+    assert len(results["samples"]) == 8 and all(isinstance(s["completion"], str) for s in results["samples"])
     assert "lenient_accuracy" in proc.stdout
 
 
@@ -290,3 +294,70 @@ def test_a_new_run_in_an_earlier_runs_folder_says_so_and_leaves_nothing_stale(tm
     )
     assert not (out / "doctor.png").exists() and (out / "policy_groups.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "training_metrics.jsonl").read_text() != "earlier" and (out / "notes.txt").read_text() == "earlier"
+
+
+GPU_PRESETS = [p for p in CONFIGS if p.name.startswith("gsm8k-")]
+
+
+@pytest.mark.parametrize("config", GPU_PRESETS, ids=[p.stem for p in GPU_PRESETS])
+def test_a_gpu_preset_without_cuda_is_one_line_naming_the_cpu_configs(config, monkeypatch, capsys):
+    """Issue #72: a GPU preset on a machine without CUDA answered with transformers' "bf16/gpu" message (the T4's fp16
+    preset got further, to the model's download); now one line, before anything is parsed or loaded, that points to
+    the CPU configs."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    recipe = load_recipe("math_gsm8k")
+    monkeypatch.setattr(recipe, "main", lambda *args: pytest.fail("the recipe went on"))
+    assert recipe.cli(["--config", str(config)]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    precision = "fp16" if config.stem == "gsm8k-t4" else "bf16"
+    assert line.startswith(f"math_gsm8k.py: error: {config} is a GPU config ({precision}: true) and this machine has "
+                           "no CUDA device: on a CPU use ")  # fmt: skip
+    assert "smollm2_cpu.yaml (SmolLM2-135M-Instruct with LoRA" in line and "demo_cpu.yaml (the tiny random" in line
+
+
+def test_a_config_is_a_gpu_config_by_its_values_and_the_command_lines():
+    from trl_grpo_ext.consumer_gpu.presets import no_cuda_problem
+
+    assert no_cuda_problem("c.yaml", {}, [], cuda=False).startswith("c.yaml is a GPU config (bf16: true)")  # TRL's
+    assert no_cuda_problem("c.yaml", {"fp16": "yes"}, [], cuda=False).startswith("c.yaml is a GPU config (fp16: true)")
+    for config, argv in [
+        ({"bf16": True}, ["--use_cpu", "true", "--bf16", "false"]),
+        ({"bf16": True}, ["--use_cpu"]),
+        ({"bf16": True}, ["--bf16=false"]),
+        ({"bf16": False}, []),
+        ({"bf16": True, "use_cpu": True}, []),
+    ]:
+        assert no_cuda_problem("c.yaml", config, argv, cuda=False) is None, (config, argv)
+    assert no_cuda_problem("c.yaml", {"bf16": True}, [], cuda=True) is None
+    assert no_cuda_problem("c.yaml", {"bf16": False}, ["--bf16"], cuda=False) is not None  # a bare flag is true
+
+
+def test_only_a_short_run_shortens_its_evaluation():
+    short_run_evaluation = load_recipe("math_gsm8k").short_run_evaluation
+    assert short_run_evaluation(3, 50, "out")[0] == 8  # the SmolLM2 CPU config with --max_steps 3
+    for max_steps, eval_limit in [(10, 50), (-1, 50), (3, 8), (3, 0), (40, 16)]:  # long, by epochs, small, none
+        assert short_run_evaluation(max_steps, eval_limit, "out") == (eval_limit, None)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_the_demo_evaluation_tells_an_untrained_model_from_a_collapsed_one(tmp_path, capsys, lora):
+    """Issue #72: the tiny random model's greedy completions are blank before any training (its argmax is a newline),
+    and the recipe said "collapsed" of them. It now runs the model before training (the tiny model's folder; with
+    LoRA, the adapter disabled) on the first problems and says it gave no answer before either."""
+    recipe = load_recipe("math_gsm8k")
+    argv = ["--config", str(REPO_ROOT / "recipes/configs/demo_cpu.yaml"), "--output_dir", str(tmp_path / "run"),
+            "--synthetic_problems", "16", "--max_steps", "1", "--eval_limit", "4", "--run_doctor", "no"]  # fmt: skip
+    # one step that moves the model too little to change its greedy answers: trained, yet as blank as before
+    argv += ["--use_peft", "true", "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj"] if lora else []
+    argv += [] if lora else ["--learning_rate", "1e-6"]
+    results = recipe.main(*recipe.make_parser().parse_args_and_config(argv))
+    assert results["empty_completions"] == 1.0
+    assert results["untrained"] == {"empty_completions": 1.0, "num_problems": 4}
+    saved = json.loads((tmp_path / "run" / "eval_results.json").read_text())
+    assert saved["untrained"] == results["untrained"]
+    assert (
+        "Note: 100% of the evaluation's completions are empty or blank, and so were 100% of the untrained "
+        "model's on 4 of these problems: the model gave no answer before training either"
+    ) in capsys.readouterr().out

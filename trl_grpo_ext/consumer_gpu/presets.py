@@ -11,6 +11,8 @@
   above 90% of the card (`fit_warning` words it; `cuda_card_gib` gives the card's size).
 * `training_precision`: "bf16", "fp16" or "fp32", what this machine's card trains in (the notebooks pick their dtype
   with it; `recipes/configs/gsm8k-t4.yaml` is the fp16 preset).
+* `no_cuda_problem`: a GPU config launched on a machine without CUDA, in one line that points to the CPU configs,
+  before transformers' own check of bf16 fails with "Your setup doesn't support bf16/gpu".
 """
 
 import json
@@ -86,6 +88,42 @@ def training_precision() -> str:
     if not torch.cuda.is_available():
         return "fp32"
     return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
+
+
+# the recipe configs for a machine without CUDA (recipes/configs/), and what each trains
+CPU_CONFIGS = {"smollm2_cpu.yaml": "SmolLM2-135M-Instruct with LoRA, a pretrained model",
+               "demo_cpu.yaml": "the tiny random model of the CPU demo, no download"}  # fmt: skip
+MIXED_PRECISION = ("bf16", "fp16", "use_cpu")
+
+
+def _flag_on(value) -> bool:
+    """A boolean setting as TRL's parser reads it from YAML or the command line (true, yes, 1, ...)."""
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "y", "on", "t")
+
+
+def no_cuda_problem(config_path: str, config: dict, overrides: list[str], *, cuda: bool) -> str | None:
+    """One line when a recipe config asks for a GPU on a machine without CUDA (`cuda` False), else None.
+
+    A config asks for a GPU when it trains in bf16 or fp16 mixed precision without `use_cpu`: the values of the
+    command-line `overrides` (`--bf16 false`, `--use_cpu=true`, a bare `--use_cpu`) over the YAML mapping `config`
+    over TRL's defaults (`GRPOConfig` trains in bf16 unless fp16 is set). The line names the settings and the CPU
+    configs (`CPU_CONFIGS`)."""
+    settings = {"bf16": None, "fp16": False, "use_cpu": False}
+    settings |= {name: config[name] for name in MIXED_PRECISION if name in config}
+    for i, arg in enumerate(overrides):
+        name, equals, value = arg[2:].partition("=")
+        if arg.startswith("--") and name in MIXED_PRECISION:
+            following = overrides[i + 1] if i + 1 < len(overrides) else None
+            settings[name] = value if equals else following if following and not following.startswith("-") else True
+    if settings["bf16"] is None:  # TRL's GRPOConfig: bf16 unless fp16 is set
+        settings["bf16"] = not _flag_on(settings["fp16"])
+    asked = [f"{name}: true" for name in ("bf16", "fp16") if _flag_on(settings[name])]
+    if cuda or _flag_on(settings["use_cpu"]) or not asked:
+        return None
+    folder = Path(config_path).parent
+    configs = ", ".join(f"{folder / name} ({what})" for name, what in CPU_CONFIGS.items())
+    return (f"{config_path} is a GPU config ({', '.join(asked)}) and this machine has no CUDA device: on a CPU use "
+            f"{configs}, or add --use_cpu true --bf16 false --fp16 false to run this one on the CPU")  # fmt: skip
 
 
 def warn_if_too_big(

@@ -1,6 +1,9 @@
-"""`DoctorCallback`: the run doctor's checks during training, each finding warned once."""
+"""`DoctorCallback`: the run doctor's checks during training, each finding warned once, and at the end the log it
+checked, written to `<output_dir>/run_doctor_log.jsonl` (`DOCTOR_LOG`) for `trl-grpo-ext doctor`."""
 
+import json
 import logging
+import os
 import time
 
 from transformers import TrainerCallback
@@ -15,6 +18,7 @@ logger = logging.getLogger(__name__)
 # the share of the training time the checks may take: a log at which they have used more is only recorded, and checked
 # at a later one (the checks scan the whole log, so a finding is then warned later with the same step and evidence)
 BUDGET = 0.005
+DOCTOR_LOG = "run_doctor_log.jsonl"  # in output_dir: the training rows the callback checked, a JSON object a line
 SETTINGS = ("num_generations", "temperature", "learning_rate", "beta", "max_completion_length", "max_grad_norm",
             "per_device_train_batch_size", "use_vllm", "generation_compile", "generation_lora_merge")  # fmt: skip
 
@@ -36,7 +40,9 @@ class DoctorCallback(TrainerCallback):
     and memory they read are logged with `run_doctor`). Only the main process checks. A resumed run starts from the
     checkpoint's log. The checks take at most `BUDGET` (0.5%) of the training time: when a long log makes them cost
     more, some logs are only recorded and the findings come at a later one (with the same step and evidence). At the
-    end of training the log is checked once more and one line sums up the findings.
+    end of training the log is checked once more, written to `<output_dir>/run_doctor_log.jsonl` (`DOCTOR_LOG`; a
+    run with `save_strategy="no"` and no recipe keeps no other log), and one line sums up the findings with the
+    `trl-grpo-ext doctor` command that reads it.
 
     Args:
         checks: names in `CHECKS` to run (default: all).
@@ -103,6 +109,7 @@ class DoctorCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         self._check(ended=True)  # the whole run: a state its last rows are in counts too
+        write_log(self.rows, args.output_dir)
         verdict = Diagnosis(findings=self.findings, skipped=self._skipped, checks=self._total).verdict()
         skipped = (f"; skipped {', '.join(skip.check for skip in self._skipped)} (a metric not logged, or too few "
                    "steps)" if self._skipped else "")  # fmt: skip
@@ -114,3 +121,17 @@ class DoctorCallback(TrainerCallback):
             verdict, len(self.rows), skipped, self.seconds, 100 * self.seconds / max(elapsed, 1e-9),
             f"{generation}; " if generation else "", cli_command(), args.output_dir,
         )  # fmt: skip
+
+
+def write_log(rows: list[dict], output_dir: str) -> str | None:
+    """Write `rows` to `<output_dir>/DOCTOR_LOG`, one JSON object a line (the folder made if need be); returns the
+    path, or None when it cannot be written (the end-of-run line still names the folder's other logs)."""
+    path = os.path.join(output_dir, DOCTOR_LOG)
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+        with open(path, "w") as handle:
+            handle.writelines(json.dumps(row) + "\n" for row in rows)
+    except OSError as error:
+        logger.warning("run doctor: could not write %s (%s)", path, error)
+        return None
+    return path

@@ -5,6 +5,7 @@ key in more than one, the later file's value is kept: they are the same numbers)
     checkpoint-<N>/trainer_state.json   transformers' `log_history` up to each checkpoint (the newest readable one is
                                         used: a checkpoint being written may be incomplete)
     trainer_state.json                  the same, where `trainer.save_state()` wrote it at the end
+    run_doctor_log.jsonl                the rows the run doctor's callback checked (`run_doctor`), written at the end
     training_metrics.jsonl              the recipe's every logged row (`MetricsTableCallback`), written at the end
 A file that is not valid JSON (a run writing it right now) is skipped with a note; the log of another trainer (no
 `reward` or `frac_reward_zero_std` in its rows) is refused.
@@ -16,12 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..reporting.callbacks import HISTORY_NAME
+from .callback import DOCTOR_LOG
 from .series import GRPO_KEYS, has_step, is_grpo_log, training_rows
 
 STATE_NAME = "trainer_state.json"
 CHECKPOINT = re.compile(r"checkpoint-(\d+)$")
-WHERE = (f"{STATE_NAME}, checkpoint-*/{STATE_NAME} (transformers writes one at every save, save_steps) or "
-         f"{HISTORY_NAME} (the recipe writes it at the end)")  # fmt: skip
+WHERE = (f"{STATE_NAME}, checkpoint-*/{STATE_NAME} (transformers writes one at every save, save_steps), "
+         f"{DOCTOR_LOG} (run_doctor=True writes it at the end) or {HISTORY_NAME} (the recipe writes it at the "
+         "end)")  # fmt: skip
 
 
 class RunDirError(ValueError):
@@ -101,7 +104,7 @@ def load_run(path: str | Path) -> RunLog:
         newest = _newest_checkpoint_state(path, notes)
         if newest is not None:
             found.append(newest)
-        for name, reader in ((STATE_NAME, _state_rows), (HISTORY_NAME, _history_rows)):
+        for name, reader in ((STATE_NAME, _state_rows), (DOCTOR_LOG, _history_rows), (HISTORY_NAME, _history_rows)):
             if (path / name).is_file():
                 found.append((path / name, reader(path / name, notes)))
     readable = [(source, rows) for source, rows in found if rows is not None]

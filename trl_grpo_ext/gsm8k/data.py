@@ -120,7 +120,7 @@ def load_gsm8k(split: str, dataset_path: str | os.PathLike | None = None, limit:
 
     Args:
         split: "train" or "test".
-        dataset_path: folder with GSM8K-format `train.jsonl` / `test.jsonl` (as `../shared/data/gsm8k`); None loads
+        dataset_path: folder with GSM8K-format `train.jsonl` / `test.jsonl` (a copy of `openai/gsm8k`); None loads
             `openai/gsm8k` (config `main`) from the Hugging Face Hub.
         limit: keep the first `limit` usable rows.
 

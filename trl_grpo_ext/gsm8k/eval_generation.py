@@ -27,6 +27,7 @@ from contextlib import contextmanager
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from ..reporting.progress import duration
 from ..trl_contact import generation_defaults
 
 # Settings that are transformers' defaults but not decoding choices: the length (set by max_new_tokens instead)
@@ -107,16 +108,6 @@ def shard_batches(num_items: int, batch_size: int, process_index: int = 0, num_p
     mine = [(start, min(start + batch_size, num_items), True) for start in starts[process_index::num_processes]]
     repeat = mine[-1] if mine else (0, min(batch_size, num_items), True)
     return mine + [(repeat[0], repeat[1], False)] * (per_process - len(mine)) if starts else []
-
-
-def duration(seconds: float) -> str:
-    """`seconds` as "42s", "3m05s" or "1h02m"."""
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def progress_line(

@@ -141,7 +141,8 @@ def evaluate_gsm8k(
     Returns:
         `{"num_problems", "strict_accuracy", "lenient_accuracy", "empty_completions", "chat_template_kwargs",
         "generation", ["maj@k"], "samples": [...]}`;
-        accuracies and `empty_completions` (the greedy completions that are empty or blank) are fractions in [0, 1].
+        accuracies and `empty_completions` (the greedy completions that are empty or blank) are fractions in [0, 1]
+        (the recipe adds `untrained`, `untrained_empty_share`'s figures, when that share is `EMPTY_SHARE` or more).
         `generation` holds the decoding settings used, `{"greedy": {...}, ["maj@k": {..., "seed"}]}`
         (`eval_generation.decoding_settings`). `samples` keeps every completion, one record a problem: `question`,
         `answer` (gold), the greedy `completion` with its `strict_answer` (a final `\\boxed{}`) and `lenient_answer`
@@ -240,21 +241,49 @@ def write_results(results: dict, output_dir: str, name: str = "eval_results.json
     return path
 
 
-EMPTY_SHARE = 0.5  # evaluation completions empty at least this often: the model has collapsed
+EMPTY_SHARE = 0.5  # evaluation completions empty or blank at least this often: no answer, collapsed or untrained
+BEFORE_PROBLEMS = 8  # problems the model before training answers, to tell an untrained model from a collapsed one
 
 
-def collapse_warning(results: dict, learning_rate: float | None = None) -> str | None:
-    """One line when at least `EMPTY_SHARE` of the evaluation's greedy completions are empty (a model wrecked by its
-    training answers with the end-of-sequence token at once), with the setting to change; None otherwise."""
+def untrained_empty_share(model, tokenizer, dataset, *, max_new_tokens: int, chat_template_kwargs=None,
+                          accelerator=None) -> dict:  # fmt: skip
+    """The greedy completions of `model` (the model before training) on the first `BEFORE_PROBLEMS` problems of
+    `dataset` that are empty or blank, as `evaluate_gsm8k` counts them (same decoding, no progress lines).
+
+    Returns:
+        `{"empty_completions": share in [0, 1], "num_problems": n}`, what `collapse_warning` reads as
+        `results["untrained"]`.
+    """
+    rows = dataset.select(range(min(BEFORE_PROBLEMS, len(dataset))))
+    settings = dict(chat_template_kwargs=chat_template_kwargs, accelerator=accelerator, progress=False)
+    before = evaluate_gsm8k(model, tokenizer, rows, max_new_tokens=max_new_tokens, batch_size=len(rows), **settings)
+    return {"empty_completions": before["empty_completions"], "num_problems": before["num_problems"]}
+
+
+def collapse_warning(results: dict, learning_rate: float | None = None, base: str | None = None) -> str | None:
+    """One line when at least `EMPTY_SHARE` of the evaluation's greedy completions are empty or blank; None otherwise.
+
+    Such a model is either untrained for the task or wrecked by its training (answering with the end-of-sequence
+    token at once): `results["untrained"]` (`untrained_empty_share` of the model before training), when measured,
+    tells which. A collapse names the setting to change; without the measurement the line says how to take it
+    (`base`: the model training started from, when known, for the command)."""
     share = results.get("empty_completions", 0.0)
     if share < EMPTY_SHARE:
         return None
     now = f" (now {learning_rate:g})" if learning_rate is not None else ""
-    return (
-        f"Warning: {share:.0%} of the evaluation's completions are empty: the model has collapsed. Lower "
-        f"learning_rate{now} (a pretrained model: about 1e-5 at most in full fine-tuning, 2e-4 with LoRA), or train "
-        "with LoRA; `trl-grpo-ext doctor` on the run folder shows when it happened"
-    )
+    fix = (f"lower learning_rate{now} (a pretrained model: about 1e-5 at most in full fine-tuning, 2e-4 with LoRA), "
+           "or train with LoRA; `trl-grpo-ext doctor` on the run folder shows when it happened")  # fmt: skip
+    head = f"{share:.0%} of the evaluation's completions are empty or blank"
+    before = results.get("untrained")
+    if before is None:
+        compare = f"python recipes/eval_gsm8k.py --model_name_or_path {base or 'BASE'} --limit {BEFORE_PROBLEMS}"
+        return (f"Warning: {head}: the model has collapsed in training, or gave no answer before it either ({compare} "
+                f"tells which, BASE being the model training started from); if it collapsed, {fix}")  # fmt: skip
+    then = f"{before['empty_completions']:.0%} of the untrained model's on {before['num_problems']} of these problems"
+    if before["empty_completions"] >= EMPTY_SHARE:
+        return (f"Note: {head}, and so were {then}: the model gave no answer before training either, so this is no "
+                "collapse of training, and the evaluation cannot show what it learned")  # fmt: skip
+    return f"Warning: {head}, against {then}: the model has collapsed in training; {fix}"
 
 
 def format_table(results: dict) -> str:
