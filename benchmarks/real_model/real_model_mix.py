@@ -276,6 +276,7 @@ def run_one(
     lora_targets: list[str] | None = None,
     settings: dict | None = None,
     mix: str = "arithmetic",
+    save_steps: int = SAVE_STEPS,
 ) -> Path:
     # fmt: skip
     """Train `variant` of `mix` with `seed` (resuming from its last checkpoint if a stopped run left one) and write
@@ -307,7 +308,7 @@ def run_one(
     args = GRPOConfig(
         output_dir=str(run_dir), per_device_train_batch_size=COMPLETIONS, num_generations=4, max_completion_length=16,
         learning_rate=1e-4, max_steps=max_steps, logging_steps=1, report_to="none", save_strategy="steps",
-        save_steps=SAVE_STEPS, seed=seed, use_cpu=not torch.cuda.is_available(), bf16=False, disable_tqdm=True,
+        save_steps=save_steps, seed=seed, use_cpu=not torch.cuda.is_available(), bf16=False, disable_tqdm=True,
         temperature=1.0, beta=0.0, gradient_checkpointing=False, **settings,
     )  # fmt: skip
     lora = LoraConfig(r=16, lora_alpha=32, target_modules=lora_targets or "all-linear", task_type="CAUSAL_LM")
@@ -322,6 +323,57 @@ def run_one(
                                   "settings": settings, "resumed_at": resumed_at, "steps": steps, "rewards": rewards},
                                  indent=1))  # fmt: skip
     return result
+
+
+EVAL_PROMPTS = 16  # per group, for the final evaluation
+EVAL_SEED = 1234
+
+
+def final_evaluation(model: str, run_dir: Path, mix: Mix, prompts: int = EVAL_PROMPTS) -> dict[str, dict[str, float]]:
+    """Each group's reward of the run's final model (its last checkpoint's LoRA adapter on `model`) on `prompts`
+    of the group's prompts (a seeded choice, the same for every variant), 4 completions each as in training
+    (temperature 1, 16 tokens), the sampling seeded the same for every variant: {group: {"reward", "clean"}}. The
+    figure of what a run learned, whichever groups its draw held at the end."""
+    import random
+
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.trainer_utils import get_last_checkpoint
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.padding_side = "left"
+    base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    policy = PeftModel.from_pretrained(base, get_last_checkpoint(str(run_dir))).eval()
+    rows = mix.rows()
+    members = {group: [row for row in rows if row["task"] == group] for group in mix.groups}
+    chosen = [row for group, its in members.items()
+              for row in random.Random(EVAL_SEED).sample(its, min(prompts, len(its)))]  # fmt: skip
+    scores: dict[str, list[tuple[float, float]]] = {}
+    for start in range(0, len(chosen), 16):
+        batch = chosen[start : start + 16]
+        texts = [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in batch]
+        encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        torch.manual_seed(EVAL_SEED + start)
+        with torch.no_grad():
+            out = policy.generate(**encoded, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=16,
+                                  num_return_sequences=4, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+        completions = tokenizer.batch_decode(out[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
+        for i, text in enumerate(completions):
+            row = batch[i // 4]
+            scores.setdefault(row["task"], []).append(mix.score(row["task"], row["prompt"][-1]["content"], text,
+                                                                row["answer"]))  # fmt: skip
+    return {group: {"reward": statistics.fmean(r for r, _ in values), "clean": statistics.fmean(c for _, c in values)}
+            for group, values in scores.items()}  # fmt: skip
+
+
+def evaluate_result(model: str, result: Path, mix: str, prompts: int = EVAL_PROMPTS) -> dict:
+    """Add the final evaluation (`final_evaluation`) to a finished run's result file, once; return the file's data."""
+    data = json.loads(result.read_text())
+    if "eval" not in data:
+        data["eval"] = final_evaluation(model, result.parent / "runs" / result.stem, MIXES[mix], prompts)
+        result.write_text(json.dumps(data, indent=1))
+    return data
 
 
 # -- the report
@@ -375,7 +427,11 @@ def run_tokens(result: dict) -> float:
 
 
 def final_rewards(result: dict, mix: Mix = MIXES["arithmetic"], key: str = "rewards") -> dict[str, float | None]:
-    """Each group's mean reward over the last 5 steps (None: not drawn there); `key` "clean": clean scores."""
+    """Each group's final reward: from the final evaluation where the run has one (`final_evaluation`), else its mean
+    reward over the last 5 steps of training (None: not drawn there); `key` "clean": clean scores."""
+    if "eval" in result:
+        field = "clean" if key == "clean" else "reward"
+        return {group: result["eval"][group][field] if group in result["eval"] else None for group in mix.groups}
     out = {}
     for group in mix.groups:
         values = [v for v in group_series(result, (group,), key)[-5:] if v is not None]
@@ -480,18 +536,30 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--mix", default="arithmetic", choices=list(MIXES))
     rep.add_argument("--seeds", type=int, default=5, help="the grid's seeds: 0 to this - 1")
     rep.add_argument("--output", help="also write the table to this file")
+    evaluate = sub.add_parser("evaluate", help="the final evaluation of finished runs that have none yet")
+    evaluate.add_argument("--model", required=True, help="the SmolLM2 folder the runs trained")
+    evaluate.add_argument("--mix", default="arithmetic", choices=list(MIXES))
     smoke = sub.add_parser("smoke", help="2 steps of one variant on the tiny model, in a temporary folder (CI)")
     smoke.add_argument("--variant", default="combined", choices=list(VARIANTS))
+    smoke.add_argument("--mix", default="arithmetic", choices=list(MIXES))
     args = parser.parse_args(argv)
     if args.command == "run":
         for seed in args.seeds:
             if args.candidate:
                 name, settings = args.candidate
                 result = run_one(args.model, name, seed, args.max_steps, settings=json.loads(settings), mix=args.mix)
+                evaluate_result(args.model, result, args.mix)
                 print(result, flush=True)
                 continue
             for variant in args.variants:
-                print(run_one(args.model, variant, seed, args.max_steps, mix=args.mix), flush=True)
+                result = run_one(args.model, variant, seed, args.max_steps, mix=args.mix)
+                evaluate_result(args.model, result, args.mix)
+                print(result, flush=True)
+        return 0
+    if args.command == "evaluate":
+        for result in sorted(MIXES[args.mix].results.glob("*_seed*.json")):
+            if (result.parent / "runs" / result.stem).is_dir():
+                print(result, evaluate_result(args.model, result, args.mix)["eval"], flush=True)
         return 0
     if args.command == "report":
         table = report(args.mix, args.seeds)
@@ -505,11 +573,12 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as folder:
         model = str(save_tiny_model(Path(folder) / "model"))
-        result = run_one(model, args.variant, 0, max_steps=2, results=Path(folder) / "results",
-                         lora_targets=["q_proj", "v_proj"])  # fmt: skip
-        data = json.loads(result.read_text())
+        result = run_one(model, args.variant, 0, max_steps=2, results=Path(folder) / "results", mix=args.mix,
+                         lora_targets=["q_proj", "v_proj"], save_steps=2)  # fmt: skip
+        data = evaluate_result(model, result, args.mix, prompts=1)
         print(json.dumps({"steps": len(data["steps"]), "groups": sorted({g for e in data["rewards"]
-                                                                          for g in e["rewards"]})}))  # fmt: skip
+                                                                          for g in e["rewards"]}),
+                          "evaluated": sorted(data["eval"])}))  # fmt: skip
     return 0
 
 

@@ -16,11 +16,12 @@ mix = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mix)
 
 
-def test_the_mix_has_five_unequal_policy_groups_with_right_answers():
-    rows = mix.mix_rows()
+def test_the_arithmetic_mix_has_five_unequal_policy_groups_with_right_answers():
+    arithmetic = mix.MIXES["arithmetic"]
+    rows = arithmetic.rows()
     sizes = Counter(row["task"] for row in rows)
     assert sizes == {"product": 72, "sum": 45, "sum3": 40, "repeat": 30, "noisy": 24}
-    assert rows == mix.mix_rows()  # fixed
+    assert rows == arithmetic.rows()  # fixed
     for row in rows:
         text = row["prompt"][0]["content"]
         operands = [int(n) for n in mix._INTEGER.findall(text)]
@@ -29,12 +30,35 @@ def test_the_mix_has_five_unequal_policy_groups_with_right_answers():
         else:  # a sum, or the number to repeat
             expected = sum(operands)
         assert row["answer"] == str(expected), text
-    assert {row["task"] for row in mix.rows_for("oracle_groups", rows)} == set(mix.LEARNABLE)
-    assert {row["task"] for row in mix.rows_for("oracle_skip", rows)} == {"product", "sum", "noisy"}
+    assert {row["task"] for row in mix.rows_for("oracle_groups", arithmetic)} == set(arithmetic.learnable)
+    assert {row["task"] for row in mix.rows_for("oracle_skip", arithmetic)} == {"product", "sum", "noisy"}
+
+
+def test_the_words_mix_has_a_lucky_a_coin_and_a_nearly_solved_group_beside_two_learnable_ones():
+    words = mix.MIXES["words"]
+    rows = words.rows()
+    assert Counter(row["task"] for row in rows) == {"capital": 40, "antonym": 40, "next_letter": 25, "coin": 30,
+                                                    "plain": 30}  # fmt: skip
+    first = {row["task"]: row for row in reversed(rows)}  # each group's first prompt
+    assert (first["capital"]["answer"], first["next_letter"]["answer"]) == ("Paris", "B")
+
+    def score(task, text, gold=None):
+        row = first[task]
+        return words.score(task, row["prompt"][0]["content"], text, row["answer"] if gold is None else gold)
+
+    assert score("capital", "The capital of France is Paris.") == (1.0, 1.0)
+    assert score("antonym", "Cold.") == (1.0, 1.0) and score("antonym", "Warm.") == (0.0, 0.0)
+    # the letter must stand alone: "B" in "Bee" is no answer
+    assert score("next_letter", "It is B.")[0] == 1.0 and score("next_letter", "Bee")[0] == 0.0
+    assert score("plain", "White and cold.")[0] == 1.0 and score("plain", "About 3 feet deep.")[0] == 0.0
+    # the coin pays about half of all texts, whatever they say, the same text always alike
+    coins = [score("coin", f"A sentence, take {i}.")[0] for i in range(2000)]
+    assert coins[:20] == [score("coin", f"A sentence, take {i}.")[0] for i in range(20)]
+    assert statistics.fmean(coins) == pytest.approx(0.5, abs=0.03)
 
 
 def test_the_reward_pays_the_last_integer_and_the_noisy_judge_pays_at_its_rates(tmp_path):
-    reward = mix.MixReward(tmp_path / "log.jsonl")
+    reward = mix.MixReward(tmp_path / "log.jsonl", mix.MIXES["arithmetic"])
     prompts = [[{"role": "user", "content": "What is 2 times 3?"}]] * 2
     completions = [[{"content": "2 times 3 is 6"}], [{"content": "6, no, 7"}]]
     assert reward(prompts, completions, ["6", "6"], ["product", "product"]) == [1.0, 0.0]
@@ -48,6 +72,28 @@ def test_the_reward_pays_the_last_integer_and_the_noisy_judge_pays_at_its_rates(
     assert right[:50] == [mix.noisy_judge("What is 12 plus 30?", f"42 #{i}", True) for i in range(50)]
     assert statistics.fmean(right) == pytest.approx(mix.NOISY_PAY_RIGHT, abs=0.03)
     assert statistics.fmean(wrong) == pytest.approx(mix.NOISY_PAY_WRONG, abs=0.03)
+
+
+def test_the_noisy_judges_clean_scores_are_logged_and_reported_beside_its_rewards(tmp_path):
+    from types import SimpleNamespace
+
+    reward = mix.MixReward(tmp_path / "log.jsonl", mix.MIXES["arithmetic"])
+    reward.trainer = SimpleNamespace(model=SimpleNamespace(training=True), state=SimpleNamespace(global_step=0))
+    prompts = [[{"role": "user", "content": "What is 12 plus 30?"}]] * 3 + [[{"role": "user", "content": "2 x 3?"}]]
+    texts = ["42", "41", "It is 42", "6"]
+    paid = reward(prompts, [[{"content": t}] for t in texts], ["42", "42", "42", "6"], ["noisy"] * 3 + ["product"])
+    (entry,) = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert entry["step"] == 1 and entry["rewards"] == {"noisy": paid[:3], "product": [1.0]}
+    # the clean scores (right, wrong, right) are kept where they differ from the judge's: the noisy group only
+    right = [1.0, 0.0, 1.0]
+    assert entry["clean"] == ({} if paid[:3] == right else {"noisy": right})
+    result = {"max_steps": 2, "rewards": [
+        {"step": 1, "rewards": {"noisy": [1.0, 0.0]}, "clean": {"noisy": [0.0, 0.0]}},
+        {"step": 2, "rewards": {"noisy": [1.0, 1.0], "sum": [1.0]}, "clean": {"noisy": [1.0, 0.0]}},
+    ]}  # fmt: skip
+    assert mix.final_rewards(result)["noisy"] == pytest.approx(0.75)  # steps' means 0.5 and 1.0
+    assert mix.final_rewards(result, key="clean")["noisy"] == pytest.approx(0.25)  # 0.0 and 0.5
+    assert mix.final_rewards(result, key="clean")["sum"] == 1.0  # no clean scores: its rewards
 
 
 def test_steps_to_the_threshold_follow_the_learnable_groups_counted_alike():
@@ -69,6 +115,8 @@ def test_the_script_runs_two_steps_on_the_tiny_model(capsys):
     assert mix.main(["smoke"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["steps"] == 2 and set(summary["groups"]) <= {"product", "sum", "sum3", "repeat", "noisy"}
+    # the final evaluation scores every group from the last checkpoint, whichever the draw held
+    assert summary["evaluated"] == sorted(mix.MIXES["arithmetic"].groups)
     assert len(summary["groups"]) >= 2
 
 

@@ -266,8 +266,7 @@ class _DrawnRows:
 def test_policy_groups_draw_as_without_vllm(vllm_model_dir, engine, requests_record, tmp_path):
     """The same grouped run with vLLM generating and with transformers generating, rewards that depend on the task
     only: every step draws the same prompts, and the groups' weights come out the same."""
-    settings = dict(per_device_train_batch_size=12, policy_group_column="task", policy_group_min_size=2,
-                    policy_group_update_steps=1, policy_group_sampling="weighted")  # fmt: skip
+    settings = dict(per_device_train_batch_size=12, policy_group_column="task")
     runs = {}
     for use_vllm in (True, False):
         requests_record.clear()

@@ -22,7 +22,6 @@ from trl_grpo_ext.doctor.checks import Run, Skip
 from trl_grpo_ext.doctor.learning import _direction
 from trl_grpo_ext.doctor.thresholds import THRESHOLDS
 from trl_grpo_ext.gsm8k.data import synthetic_gsm8k, to_grpo_rows
-from trl_grpo_ext.policy_groups.stages import reward_rise
 
 
 def log(steps: int = 60, every: int = 1, **metrics) -> list[dict]:
@@ -60,9 +59,12 @@ def test_rolling_rise_is_the_least_squares_rise_of_each_window():
     values = np.array([0.1, 0.4, 0.2, 0.8, 0.5, 0.9, 1.3])
     rises, se = S.rolling_rise(values, 4)
     assert len(rises) == 4
-    for i in range(4):  # the same line as the stages' trend test, window by window
-        expected = reward_rise(torch.tensor(values[i : i + 4]))
-        torch.testing.assert_close((rises[i], se[i]), expected)
+    t = np.arange(4.0)
+    for i in range(4):  # ordinary least squares, window by window: the rise slope·(W−1) and its standard error
+        (slope, _), cov = np.polyfit(t, values[i : i + 4], 1, cov="unscaled")
+        residuals = values[i : i + 4] - np.polyval(np.polyfit(t, values[i : i + 4], 1), t)
+        error = np.sqrt(cov[0, 0] * (residuals**2).sum() / (4 - 2))
+        np.testing.assert_allclose((rises[i], se[i]), (3 * slope, 3 * error), rtol=1e-9, atol=1e-12)
     # a straight line rises by slope·(W−1) with no error: 0.5·3 = 1.5
     rise, error = S.rolling_rise(np.arange(5) * 0.5, 4)
     np.testing.assert_allclose(rise, 1.5)

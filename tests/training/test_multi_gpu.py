@@ -24,6 +24,7 @@ from tests.two_process import checked, two_process
 from trl_grpo_ext import GRPOConfig
 from trl_grpo_ext.generation import config as generation_config
 from trl_grpo_ext.generation.config import check_generation_engine, sharding_engine
+from trl_grpo_ext.policy_groups.score import credibility
 from trl_grpo_ext.resume import checkpoint_problem, load_resume_state
 
 ACCELERATE_DIR = REPO_ROOT / "recipes" / "accelerate"
@@ -278,17 +279,17 @@ def assert_same(a, b, where: str) -> None:
 
 @two_process("recipe", recipe=[
     "--config", "recipes/configs/demo_cpu.yaml", "--synthetic_problems", "64", "--max_steps", "4",
-    "--save_strategy", "steps", "--save_steps", "2", "--policy_group_update_steps", "1", "--entropy_reg", "target",
+    "--save_strategy", "steps", "--save_steps", "2", "--entropy_reg", "target",
     "--entropy_target", "7.0", "--entropy_pi_kp", "0.5", "--eval_limit", "0",
 ])  # fmt: skip
 def test_recipe_on_two_processes_holds_the_same_state_on_both(two_process_runs):
-    """The GSM8K recipe with ddp.yaml on 2 CPU processes (gloo): policy groups by difficulty, weights updated every
-    step, and an entropy target of 7 nats (above the tiny model's ln 512 = 6.2, so the controller acts every step;
-    its proportional gain 0.5 keeps the coefficient below its maximum 1, so the integral moves too).
-    Checkpoints at steps 2 and 4 hold one state file per process; the policy groups and the entropy controller in
-    them must be the same on both processes, bit for bit. The run is scenario "recipe" of the suite's shared
-    two-process job (tests/two_process.py), launched with `--config_file recipes/accelerate/ddp.yaml`; each process
-    calls the recipe's `cli`, as `accelerate launch recipes/math_gsm8k.py` does."""
+    """The GSM8K recipe with ddp.yaml on 2 CPU processes (gloo): policy groups by difficulty, scored from both
+    processes' completions and log-probabilities, and an entropy target of 7 nats (above the tiny model's ln 512 = 6.2,
+    so the controller acts every step; its proportional gain 0.5 keeps the coefficient below its maximum 1, so the
+    integral moves too). Checkpoints at steps 2 and 4 hold one state file per process; the policy groups and the
+    entropy controller in them must be the same on both processes, bit for bit. The run is scenario "recipe" of the
+    suite's shared two-process job (tests/two_process.py), launched with `--config_file recipes/accelerate/ddp.yaml`;
+    each process calls the recipe's `cli`, as `accelerate launch recipes/math_gsm8k.py` does."""
     out = Path(checked(two_process_runs["recipe"])[0]["full"]["output_dir"])
 
     for step in (2, 4):
@@ -299,16 +300,18 @@ def test_recipe_on_two_processes_holds_the_same_state_on_both(two_process_runs):
         for name in ("policy_groups", "entropy_reg"):
             assert_same(states[0][name], states[1][name], f"checkpoint-{step}/{name}")
 
-    # Not equal by being untouched: by step 4 the weights have moved off 1 and the coefficient off its minimum 0,
-    # and they are the values the main process logged at step 4.
+    # Not equal by being untouched: by step 4 the groups hold statistics of both processes' log-probabilities and the
+    # coefficient is off its minimum 0, and they are the values the main process logged at step 4.
     groups, controller = states[0]["policy_groups"], states[0]["entropy_reg"]["controller"]
     assert groups["names"] == ["1-2 steps", "3 steps", "4 steps"]
-    assert not torch.equal(groups["weights"], torch.ones_like(groups["weights"]))
+    assert bool((groups["sums"]["df"] > 0).any()) and bool(torch.isfinite(groups["pending"]["logps"]).all())
     assert controller["coef"]["all"] > 0.0 and controller["integral"]["all"] > 0.0
     log = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())["log_history"]
     logged = next(row for row in log if row.get("step") == 4 and "entropy_reg/coef" in row)
     assert logged["entropy_reg/coef"] == controller["coef"]["all"]
-    assert [logged[f"policy_groups/{name}/weight"] for name in groups["names"]] == groups["weights"].tolist()
+    kappa = credibility(*(groups["sums"][key] for key in ("rl", "rr", "ll", "df")))
+    logged_kappa = [logged.get(f"policy_groups/{name}/credibility") for name in groups["names"]]
+    assert logged_kappa == pytest.approx(kappa.tolist())
 
 
 def test_fsdp_asked_for_where_accelerate_sets_up_ddp_is_a_warning_naming_the_engine(tiny_model_dir, tmp_path,

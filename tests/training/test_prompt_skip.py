@@ -248,11 +248,9 @@ def test_with_a_static_cache_the_batch_takes_two_sizes_at_most():
     [({"scale_rewards": "batch"}, "scale_rewards='batch': the advantages are divided by the whole batch's reward std"),
      ({"multi_objective_aggregation": "normalize_then_sum"},
       "multi_objective_aggregation='normalize_then_sum': the advantages are normalized over the whole batch"),
-     ({"advantage_baseline": "policy_group", "policy_group_column": "task"},
-      "advantage_baseline='policy_group': a generation group whose rewards all agree has a nonzero advantage"),
      ({"loss_type": "grpo", "entropy_coef": 0.01},
       "loss_type='grpo' and TRL's entropy bonus (entropy_coef=0.01, use_adaptive_entropy=False)")],
-    ids=["batch scaling", "normalize_then_sum", "policy_group baseline", "grpo + entropy bonus"],
+    ids=["batch scaling", "normalize_then_sum", "grpo + entropy bonus"],
 )  # fmt: skip
 def test_settings_where_an_uninformative_group_moves_the_others_are_refused(tmp_path, settings, message):
     """Without refilling, skipping must leave the other generation groups' advantages and the loss's extra terms as
@@ -280,7 +278,7 @@ def test_the_uniform_draw_passes_over_every_row_and_skips_what_the_filter_refuse
 
 def test_inside_a_policy_groups_draw_the_groups_are_drawn_as_without_the_filter():
     assignment = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
-    args = GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, policy_group_sampling="weighted")
+    args = GRPOConfig(output_dir="unused", use_cpu=True, bf16=False)  # no batch seen: groups drawn by their size
     plain, filtered = PolicyGroupState(["a", "b"], assignment, 0), PolicyGroupState(["a", "b"], assignment, 0)
     rows = plain.draw_rows(6, args)
     kept = filtered.draw_rows(6, args, keep=lambda row: row not in (0, 4))  # one refused prompt in each group
@@ -462,12 +460,11 @@ def test_with_refilling_batches_keep_their_size_and_trls_contract(tmp_path, tiny
 
 
 def test_with_refilling_and_policy_groups_the_filter_acts_inside_each_groups_draw(tmp_path, tiny_model_dir):
-    """Two groups, solved and not, drawn alike (weights held at 1): the solved group's prompts are skipped once seen,
-    its draws going on to its next prompts."""
+    """Two groups, solved and not, drawn alike (the whole draw spread evenly, `policy_group_sampling_floor=1`): the
+    solved group's prompts are skipped once seen, its draws going on to its next prompts."""
     trainer, reward = _train(tmp_path, tiny_model_dir, prompt_skip=True, prompt_skip_target=0.0,
-                             prompt_skip_refill=True, policy_group_column="solved", policy_group_min_size=2,
-                             policy_group_sampling="weighted", policy_group_weight_rule="progress",
-                             policy_group_update_steps=1000, remove_unused_columns=False)  # fmt: skip
+                             prompt_skip_refill=True, policy_group_column="solved", policy_group_sampling_floor=1.0,
+                             remove_unused_columns=False)  # fmt: skip
     assert trainer.features["prompt_skip"].skip.skipped > 0
     assert sorted(trainer.policy_groups.names) == ["False", "True"]
     solved = [row["prompt_skip/True/uninformative_frac"] for row in trainer.state.log_history

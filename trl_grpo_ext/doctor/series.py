@@ -122,8 +122,9 @@ def fmt(values: np.ndarray, limit: int = 6) -> str:
 
 def rolling_rise(values: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
     """(n − W + 1,) each window's least-squares rise and its standard error, in the units of `values` (n,) (finite
-    numbers): what `policy_groups.stages.reward_rise` computes for one window (ordinary least squares over
-    t = 0..W−1), here for every window at once from rolling sums."""
+    numbers): the rise b·(W−1) of the ordinary least-squares line through the window over t = 0..W−1, and its
+    standard error se(b)·(W−1), se(b) = √(Σ residual² / (W − 2) / Σ(t − t̄)²), for every window at once from rolling
+    sums."""
     if len(values) < width or width < MIN_WINDOW_ROWS:
         return np.empty(0), np.empty(0)
     x = np.asarray(values, dtype=np.float64)

@@ -163,7 +163,7 @@ THRESHOLDS: dict[str, Threshold] = {
         0.1, "times the mean within-group reward std",
         "flat: the least-squares rise of the reward over the span, plus two standard errors (flat with 95% "
         "confidence, not merely too noisy to tell), is below this times the mean `reward_std`",
-        "our measurement (issue #18, `policy_group_plateau_tol`, where warm-up ends on one standard error)",
+        "our measurement (issue #18: the policy groups' warm-up, until issue #69, ended on one standard error)",
     ),
     "plateau_spread": Threshold(
         0.05, "fraction of the run's reward range",
