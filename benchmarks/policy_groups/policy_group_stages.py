@@ -10,9 +10,10 @@
 Each run is `policy_groups_learning.run` (the tiny local model, 256 prompts in policy groups by task, 16 completions a
 step, evaluation of the learnable groups every 4 steps), trained for all `--max_steps` (not stopped at the
 threshold), so that the final rewards can be compared. Variants: `groups` (`policy_group_column="task"`, every other
-setting at its default: the competition stage from step 0) and `staged` (the same plus `STAGES`, the settings the
-README shows: warm-up until the overall reward's trend flattens, at most `policy_group_warmup_steps`; fusion over the
-last quarter of the run). The figures, per mix, median over seeds:
+setting at its default: the competition stage from step 0) and `staged` (the same plus `STAGES`: warm-up until step
+32, fusion over the last quarter of the run); `--add NAME=JSON` adds a variant of `STAGES` with those overrides
+(`--add 'fusion_only={"policy_group_warmup_steps": null}'`: the README's setting). The figures, per mix, median over
+seeds:
 
 - steps until the learnable groups' evaluation reward (each group counted alike, mean of the last 2 evaluations)
   reaches the mix's threshold (`policy_groups_learning.steps_to`); with `--trl`, stock TRL's from an earlier
@@ -23,7 +24,8 @@ last quarter of the run). The figures, per mix, median over seeds:
 
 `--json` writes every figure (as runs come in), `--report` prints the report of earlier `--json` files (of the
 `--seeds` given), `--plot`
-draws the policy-group plot (`callbacks.plot_policy_groups`: weights, rewards, stages shaded) of the first staged run.
+draws the policy-group plot (`plots.plot_policy_groups`: draw shares, rewards, stages shaded) of the first staged
+run.
 """
 
 import argparse
@@ -38,11 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.policy_groups.policy_groups_learning import MIXES, TASKS, run, steps_to  # noqa: E402
 
-STAGES = {
-    "policy_group_warmup_steps": 32,
-    "policy_group_warmup_plateau": True,
-    "policy_group_fusion_start": 0.75,
-}
+STAGES = {"policy_group_warmup_steps": 32, "policy_group_fusion_start": 0.75}
 VARIANTS = {"groups": {}, "staged": STAGES}
 
 

@@ -2,7 +2,7 @@
 
     python benchmarks/policy_groups/policy_groups_learning.py            # every mix, 5 seeds, 2 worker processes
     python benchmarks/policy_groups/policy_groups_learning.py --mixes base4 --seeds 0 1 \\
-        --ours '{"policy_group_weight_max": 5}'
+        --ours '{"policy_group_sampling_floor": 0.05}'
 
 The tiny random-init Qwen2 model (built locally) learns on CPU. Its prompts fall into policy groups, and each
 completion is rewarded by its prompt's group (`TASKS`): learnable tasks (short completions, digits), tasks with

@@ -207,15 +207,16 @@ class PolicyGroupState:
         vars(self).update(fields)
 
     def metrics(self, args) -> dict[str, float]:
-        """`policy_groups/<name>/{weight,score,credibility,reward,zero_std_frac}` of this step: weight = the group's
-        draw probability over its share of the prompts (1: drawn as TRL draws it), score and credibility (κ²) as
+        """`policy_groups/<name>/{draw,weight,score,credibility,reward,zero_std_frac}` of this step: draw = the
+        probability of drawing the group for a prompt of the next generation batch (summing to 1 over the groups),
+        weight = that over the group's share of the prompts (1: drawn as TRL draws it), score and credibility (κ²) as
         `score` computes them, reward and zero_std_frac (the share of its prompts whose completions all got the same
-        reward) over its recent prompts (half-life `policy_group_halflife`); the last three once it was seen."""
-        sums, out, scores = self.sums, {}, self.scores(args)
-        weight = self.probabilities(args) / (self.sizes.double() / len(self.assignment))
+        reward) over its recent prompts (half-life `policy_group_halflife`); the last four once it was seen."""
+        sums, out, scores, drawn = self.sums, {}, self.scores(args), self.probabilities(args)
         kappa = score.credibility(sums["rl"], sums["rr"], sums["ll"], sums["df"])
         for i, name in enumerate(self.names):
-            out[f"policy_groups/{name}/weight"] = float(weight[i])
+            out[f"policy_groups/{name}/draw"] = float(drawn[i])
+            out[f"policy_groups/{name}/weight"] = float(drawn[i] / (self.sizes[i] / len(self.assignment)))
             if sums["prompts"][i] > 0:
                 seen = {"score": scores[i], "credibility": kappa[i], "reward": sums["reward"][i] / sums["prompts"][i],
                         "zero_std_frac": 1 - sums["informative"][i] / sums["prompts"][i]}  # fmt: skip

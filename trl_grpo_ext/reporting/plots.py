@@ -235,14 +235,15 @@ MARKERS = ("o", "s", "^", "D", "v", "P")
 
 
 def plot_policy_groups(log_history: list[dict], path: str) -> str:
-    """Plot each policy group's weight (stacked, as its share of the weights' sum: equal weights are equal bands) and
-    EMA reward (one dash and marker per group) against the step into a PNG at `path`, one legend to the right of
-    both; return the path.
+    """Plot each policy group's share of the draw (stacked: `policy_groups/<name>/draw`, the probability of drawing
+    the group for a prompt; a log without it, each group's weight as its share of the weights' sum) and its reward
+    (one dash and marker per group) against the step into a PNG at `path`, one legend to the right of both; return
+    the path.
 
     `log_history` is `trainer.state.log_history` (or the rows `MetricsTableCallback` keeps): dicts with a `step`
-    and `policy_groups/<name>/weight` / `policy_groups/<name>/reward` keys. Groups that appear later (a split)
-    start where they first appear; merged-away groups stop. With training stages (`policy_groups/stage` logged),
-    warm-up is shaded grey and fusion green, each span named at the top (`stage_spans`).
+    and `policy_groups/<name>/draw` (or `/weight`) and `policy_groups/<name>/reward` keys. Groups that appear later
+    (a split) start where they first appear; merged-away groups stop. With training stages (`policy_groups/stage`
+    logged), warm-up is shaded grey and fusion green, each span named at the top (`stage_spans`).
     """
     with needs_extra("the plots"):
         import matplotlib
@@ -250,7 +251,10 @@ def plot_policy_groups(log_history: list[dict], path: str) -> str:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-    prefix, suffix = "policy_groups/", "/weight"
+    prefix = "policy_groups/"
+    suffix = (
+        "/draw" if any(k.startswith(prefix) and k.endswith("/draw") for row in log_history for k in row) else "/weight"
+    )
     names = sorted(
         {
             key[len(prefix) : -len(suffix)]
@@ -283,8 +287,9 @@ def plot_policy_groups(log_history: list[dict], path: str) -> str:
             ax_reward.plot(*zip(*points, strict=True), linestyle=LINE_STYLES[i % len(LINE_STYLES)],
                            marker=MARKERS[i % len(MARKERS)], markersize=3, markevery=max(1, len(points) // 20),
                            linewidth=1.4, color=f"C{i % 10}")  # fmt: skip
-    ax_weight.set(xlabel="training step", ylabel="share of the summed weights", title="Policy group weights (stacked)")
-    ax_reward.set(xlabel="training step", ylabel="EMA reward", title="Policy group rewards")
+    what = "share of the draw" if suffix == "/draw" else "share of the summed weights"
+    ax_weight.set(xlabel="training step", ylabel=what, title=f"Policy groups: {what} (stacked)")
+    ax_reward.set(xlabel="training step", ylabel="reward", title="Policy group rewards")
     spans = stage_spans(log_history)
     for ax in (ax_weight, ax_reward):
         for i, (stage, first, last) in enumerate(spans):
