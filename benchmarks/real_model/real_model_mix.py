@@ -209,25 +209,30 @@ def words_score(task: str, prompt: str, text: str, gold: str) -> tuple[float, fl
 
 @dataclasses.dataclass(frozen=True)
 class Mix:
-    """A task mix: its prompts, its reward, its groups (`groups`, in the report's order), the learnable ones (the
-    threshold's, `oracle_groups`' prompts), the ones known to give no signal (left out by `oracle_skip`), the
-    variants of its grid and where its results go."""
+    """A task mix and the runs on it: its prompts, its reward (a completion's (reward, clean score)), its groups
+    (`groups`, in the report's order), the learnable ones (the threshold's, `oracle_groups`' prompts), the ones known
+    to give no signal (left out by `oracle_skip`), its variants (name -> settings, on top of `base`, the regime's
+    settings over the runs' common ones), where its results go, how many steps a run takes, and the prompts of the
+    final evaluation (`eval_rows`; the training prompts when None)."""
 
     rows: Callable[[], list[dict]]
     score: Callable[[str, str, str, str], tuple[float, float]]
     groups: tuple[str, ...]
     learnable: tuple[str, ...]
     no_signal: tuple[str, ...]
-    variants: tuple[str, ...]
+    variants: dict
     results: Path
+    base: dict = dataclasses.field(default_factory=dict)
+    max_steps: int = MAX_STEPS
+    eval_rows: Callable[[], list[dict]] | None = None
 
 
 MIXES = {
     "arithmetic": Mix(arithmetic_rows, arithmetic_score, ("product", "sum", "sum3", "repeat", "noisy"),
-                      ("product", "sum"), ("sum3", "repeat"), tuple(VARIANTS), RESULTS),
+                      ("product", "sum"), ("sum3", "repeat"), VARIANTS, RESULTS),
     "words": Mix(words_rows, words_score, ("capital", "antonym", "next_letter", "coin", "plain"),
-                 ("capital", "antonym"), ("next_letter", "plain"), ("stock", "policy_groups", "oracle_groups"),
-                 RESULTS / "words"),
+                 ("capital", "antonym"), ("next_letter", "plain"),
+                 {name: VARIANTS[name] for name in ("stock", "policy_groups", "oracle_groups")}, RESULTS / "words"),
 }  # fmt: skip
 
 
@@ -237,7 +242,7 @@ class MixReward:
 
     __name__ = "mix_reward"
 
-    def __init__(self, log: Path, mix: Mix = MIXES["arithmetic"]):
+    def __init__(self, log: Path, mix: Mix):
         self.log, self.mix, self.trainer = log, mix, None
 
     def __call__(self, prompts, completions, answer, task, **kwargs) -> list[float]:
@@ -266,22 +271,12 @@ def rows_for(variant: str, mix: Mix) -> list[dict]:
     return rows
 
 
-def run_one(
-    model: str,
-    variant: str,
-    seed: int,
-    max_steps: int = MAX_STEPS,
-    results: Path | None = None,
-    *,
-    lora_targets: list[str] | None = None,
-    settings: dict | None = None,
-    mix: str = "arithmetic",
-    save_steps: int = SAVE_STEPS,
-) -> Path:
-    # fmt: skip
+def run_one(model: str, variant: str, seed: int, mix: Mix, *, max_steps: int | None = None,
+            results: Path | None = None, lora_targets: list[str] | None = None, settings: dict | None = None,
+            save_steps: int = SAVE_STEPS) -> Path:  # fmt: skip
     """Train `variant` of `mix` with `seed` (resuming from its last checkpoint if a stopped run left one) and write
     its result file (in `results`, by default the mix's); return the file. A finished run (its file exists) is left
-    as it is. `settings`: a candidate's own settings, for a variant name not in `VARIANTS` (on all the prompts)."""
+    as it is. `settings`: a candidate's own settings, for a variant name not among the mix's (on all the prompts)."""
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -290,8 +285,9 @@ def run_one(
 
     from trl_grpo_ext import GRPOConfig, GRPOTrainer
 
-    settings = VARIANTS[variant] if settings is None else settings
-    results = MIXES[mix].results if results is None else results
+    settings = mix.variants[variant] if settings is None else settings
+    results = mix.results if results is None else results
+    max_steps = mix.max_steps if max_steps is None else max_steps
     result = results / f"{variant}_seed{seed}.json"
     if result.is_file():
         return result
@@ -304,22 +300,22 @@ def run_one(
             if json.loads(line)["step"] <= resumed_at]  # fmt: skip
     log.write_text("".join(line + "\n" for line in kept))  # the steps after the checkpoint are trained again
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
-    reward = MixReward(log, MIXES[mix])
+    reward = MixReward(log, mix)
     args = GRPOConfig(
         output_dir=str(run_dir), per_device_train_batch_size=COMPLETIONS, num_generations=4, max_completion_length=16,
         learning_rate=1e-4, max_steps=max_steps, logging_steps=1, report_to="none", save_strategy="steps",
         save_steps=save_steps, seed=seed, use_cpu=not torch.cuda.is_available(), bf16=False, disable_tqdm=True,
-        temperature=1.0, beta=0.0, gradient_checkpointing=False, **settings,
+        temperature=1.0, beta=0.0, gradient_checkpointing=False, **{**mix.base, **settings},
     )  # fmt: skip
     lora = LoraConfig(r=16, lora_alpha=32, target_modules=lora_targets or "all-linear", task_type="CAUSAL_LM")
-    dataset = Dataset.from_list(rows_for(variant, MIXES[mix]))
+    dataset = Dataset.from_list(rows_for(variant, mix))
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=dataset, peft_config=lora)
     reward.trainer = trainer
     trainer.remove_callback(PrinterCallback)
     trainer.train(resume_from_checkpoint=checkpoint)
     steps = [row for row in trainer.state.log_history if "loss" in row]
     rewards = [json.loads(line) for line in log.read_text().splitlines()]
-    result.write_text(json.dumps({"variant": variant, "seed": seed, "mix": mix, "max_steps": max_steps,
+    result.write_text(json.dumps({"variant": variant, "seed": seed, "max_steps": max_steps,
                                   "settings": settings, "resumed_at": resumed_at, "steps": steps, "rewards": rewards},
                                  indent=1))  # fmt: skip
     return result
@@ -345,7 +341,7 @@ def final_evaluation(model: str, run_dir: Path, mix: Mix, prompts: int = EVAL_PR
     tokenizer.padding_side = "left"
     base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
     policy = PeftModel.from_pretrained(base, get_last_checkpoint(str(run_dir))).eval()
-    rows = mix.rows()
+    rows = (mix.eval_rows or mix.rows)()
     members = {group: [row for row in rows if row["task"] == group] for group in mix.groups}
     chosen = [row for group, its in members.items()
               for row in random.Random(EVAL_SEED).sample(its, min(prompts, len(its)))]  # fmt: skip
@@ -367,11 +363,11 @@ def final_evaluation(model: str, run_dir: Path, mix: Mix, prompts: int = EVAL_PR
             for group, values in scores.items()}  # fmt: skip
 
 
-def evaluate_result(model: str, result: Path, mix: str, prompts: int = EVAL_PROMPTS) -> dict:
+def evaluate_result(model: str, result: Path, mix: Mix, prompts: int = EVAL_PROMPTS) -> dict:
     """Add the final evaluation (`final_evaluation`) to a finished run's result file, once; return the file's data."""
     data = json.loads(result.read_text())
     if "eval" not in data:
-        data["eval"] = final_evaluation(model, result.parent / "runs" / result.stem, MIXES[mix], prompts)
+        data["eval"] = final_evaluation(model, result.parent / "runs" / result.stem, mix, prompts)
         result.write_text(json.dumps(data, indent=1))
     return data
 
@@ -470,15 +466,16 @@ def _mean_se(values: list[float]) -> str:
     return f"{statistics.fmean(values):.2f}±{statistics.stdev(values) / len(values) ** 0.5:.2f}"
 
 
-def report(mix: str = "arithmetic", seeds: int = 3) -> str:
-    """The table over the result files of `mix` that exist (module docstring); its grid's runs of seeds 0 to
-    `seeds` − 1 not there yet are listed as missing."""
-    spec = MIXES[mix]
+def report(name: str, spec: Mix, seeds: int = 3) -> str:
+    """The table over the result files of the mix `spec` (named `name`) that exist (module docstring); its grid's
+    runs of seeds 0 to `seeds` − 1 not there yet are listed as missing."""
     loaded = {}
     for path in sorted(spec.results.glob("*_seed*.json")):
         data = json.loads(path.read_text())
         loaded.setdefault(data["variant"], {})[data["seed"]] = data
-    lines = [f"# real-model task mix {mix!r} (SmolLM2-135M-Instruct, LoRA), {MAX_STEPS} steps; median over seeds"]
+    lines = [
+        f"# real-model task mix {name!r} (SmolLM2-135M-Instruct, LoRA), {spec.max_steps} steps; median over seeds"
+    ]
     missing = [f"{v}/seed{s}" for v in spec.variants for s in range(seeds) if s not in loaded.get(v, {})]
     if "stock" not in loaded:
         lines.append("no stock TRL run yet: no threshold")
@@ -489,11 +486,11 @@ def report(mix: str = "arithmetic", seeds: int = 3) -> str:
         lines.append(f"variant | seeds | steps to threshold | tokens to threshold | final {'/'.join(spec.groups)} "
                      "(mean±SE over seeds; clean scores in brackets) | entropy (last 5) | s/step")  # fmt: skip
         reached = {}  # variant -> {seed: (steps, tokens)} to the threshold; a run that never reached it counts at
-        for variant, runs in loaded.items():  # MAX_STEPS + 1 steps and its whole run's tokens
+        for variant, runs in loaded.items():  # max_steps + 1 steps and its whole run's tokens
             reached[variant] = {}
             for seed, r in runs.items():
                 steps, tokens = to_threshold(r, threshold, spec)
-                reached[variant][seed] = (steps or MAX_STEPS + 1, tokens if tokens is not None else run_tokens(r))
+                reached[variant][seed] = (steps or spec.max_steps + 1, tokens if tokens is not None else run_tokens(r))
             steps = [reached[variant][seed][0] for seed in sorted(runs)]
             tokens = statistics.median(reached[variant][seed][1] for seed in runs)
             finals = [final_rewards(r, spec) for r in runs.values()]
@@ -517,52 +514,50 @@ def report(mix: str = "arithmetic", seeds: int = 3) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, mixes: dict[str, Mix] = MIXES) -> int:
+    """The command line (module docstring) over `mixes` (another benchmark passes its own: a regime of its own)."""
+    names = list(mixes)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train variants x seeds, one at a time, skipping finished ones")
     run.add_argument("--model", required=True, help="the SmolLM2 folder (`trl-grpo-ext smollm2 DIR`)")
-    run.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    run.add_argument(
-        "--candidate",
-        nargs=2,
-        metavar=("NAME", "SETTINGS"),
-        help="instead of --variants, one candidate: its name and its settings as JSON",
-    )
+    run.add_argument("--mix", default=names[0], choices=names)
+    run.add_argument("--variants", nargs="+", help="default: every variant of the mix")
+    run.add_argument("--candidate", nargs=2, metavar=("NAME", "SETTINGS"),
+                     help="instead of --variants, one candidate: its name and its settings as JSON")  # fmt: skip
     run.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    run.add_argument("--max_steps", type=int, default=MAX_STEPS)
-    run.add_argument("--mix", default="arithmetic", choices=list(MIXES))
-    rep = sub.add_parser("report", help="the table over the result files that exist")
-    rep.add_argument("--mix", default="arithmetic", choices=list(MIXES))
-    rep.add_argument("--seeds", type=int, default=5, help="the grid's seeds: 0 to this - 1")
-    rep.add_argument("--output", help="also write the table to this file")
+    run.add_argument("--max_steps", type=int, help="default: the mix's")
     evaluate = sub.add_parser("evaluate", help="the final evaluation of finished runs that have none yet")
     evaluate.add_argument("--model", required=True, help="the SmolLM2 folder the runs trained")
-    evaluate.add_argument("--mix", default="arithmetic", choices=list(MIXES))
+    evaluate.add_argument("--mix", default=names[0], choices=names)
+    rep = sub.add_parser("report", help="the table over the result files that exist")
+    rep.add_argument("--mix", default=names[0], choices=names)
+    rep.add_argument("--seeds", type=int, default=5, help="the grid's seeds: 0 to this - 1")
+    rep.add_argument("--output", help="also write the table to this file")
     smoke = sub.add_parser("smoke", help="2 steps of one variant on the tiny model, in a temporary folder (CI)")
-    smoke.add_argument("--variant", default="combined", choices=list(VARIANTS))
-    smoke.add_argument("--mix", default="arithmetic", choices=list(MIXES))
+    smoke.add_argument("--mix", default=names[0], choices=names)
+    smoke.add_argument("--variant", help="default: the mix's last variant that is not a bound")
     args = parser.parse_args(argv)
+    mix = mixes[args.mix]
     if args.command == "run":
+        unknown = set(args.variants or ()) - set(mix.variants)
+        if unknown:
+            parser.error(f"--variants {sorted(unknown)}: the mix {args.mix!r} has {list(mix.variants)}")
         for seed in args.seeds:
-            if args.candidate:
-                name, settings = args.candidate
-                result = run_one(args.model, name, seed, args.max_steps, settings=json.loads(settings), mix=args.mix)
-                evaluate_result(args.model, result, args.mix)
-                print(result, flush=True)
-                continue
-            for variant in args.variants:
-                result = run_one(args.model, variant, seed, args.max_steps, mix=args.mix)
-                evaluate_result(args.model, result, args.mix)
+            plan = [(args.candidate[0], json.loads(args.candidate[1]))] if args.candidate else [
+                (variant, None) for variant in args.variants or mix.variants]  # fmt: skip
+            for variant, settings in plan:
+                result = run_one(args.model, variant, seed, mix, max_steps=args.max_steps, settings=settings)
+                evaluate_result(args.model, result, mix)
                 print(result, flush=True)
         return 0
     if args.command == "evaluate":
-        for result in sorted(MIXES[args.mix].results.glob("*_seed*.json")):
+        for result in sorted(mix.results.glob("*_seed*.json")):
             if (result.parent / "runs" / result.stem).is_dir():
-                print(result, evaluate_result(args.model, result, args.mix)["eval"], flush=True)
+                print(result, evaluate_result(args.model, result, mix)["eval"], flush=True)
         return 0
     if args.command == "report":
-        table = report(args.mix, args.seeds)
+        table = report(args.mix, mix, args.seeds)
         print(table)
         if args.output:
             Path(args.output).write_text(table + "\n")
@@ -571,11 +566,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from trl_grpo_ext.cli.tiny_model import save_tiny_model
 
+    variant = args.variant or [v for v in mix.variants if not v.startswith("oracle")][-1]
     with tempfile.TemporaryDirectory() as folder:
         model = str(save_tiny_model(Path(folder) / "model"))
-        result = run_one(model, args.variant, 0, max_steps=2, results=Path(folder) / "results", mix=args.mix,
+        result = run_one(model, variant, 0, mix, max_steps=2, results=Path(folder) / "results",
                          lora_targets=["q_proj", "v_proj"], save_steps=2)  # fmt: skip
-        data = evaluate_result(model, result, args.mix, prompts=1)
+        data = evaluate_result(model, result, mix, prompts=1)
         print(json.dumps({"steps": len(data["steps"]), "groups": sorted({g for e in data["rewards"]
                                                                           for g in e["rewards"]}),
                           "evaluated": sorted(data["eval"])}))  # fmt: skip
