@@ -301,12 +301,13 @@ def run_one(model: str, variant: str, seed: int, mix: Mix, *, max_steps: int | N
     log.write_text("".join(line + "\n" for line in kept))  # the steps after the checkpoint are trained again
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     reward = MixReward(log, mix)
-    args = GRPOConfig(
+    common = dict(
         output_dir=str(run_dir), per_device_train_batch_size=COMPLETIONS, num_generations=4, max_completion_length=16,
         learning_rate=1e-4, max_steps=max_steps, logging_steps=1, report_to="none", save_strategy="steps",
         save_steps=save_steps, seed=seed, use_cpu=not torch.cuda.is_available(), bf16=False, disable_tqdm=True,
-        temperature=1.0, beta=0.0, gradient_checkpointing=False, **{**mix.base, **settings},
+        temperature=1.0, beta=0.0, gradient_checkpointing=False,
     )  # fmt: skip
+    args = GRPOConfig(**{**common, **mix.base, **settings})
     lora = LoraConfig(r=16, lora_alpha=32, target_modules=lora_targets or "all-linear", task_type="CAUSAL_LM")
     dataset = Dataset.from_list(rows_for(variant, mix))
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=dataset, peft_config=lora)
@@ -327,9 +328,12 @@ EVAL_SEED = 1234
 
 def final_evaluation(model: str, run_dir: Path, mix: Mix, prompts: int = EVAL_PROMPTS) -> dict[str, dict[str, float]]:
     """Each group's reward of the run's final model (its last checkpoint's LoRA adapter on `model`) on `prompts`
-    of the group's prompts (a seeded choice, the same for every variant), 4 completions each as in training
-    (temperature 1, 16 tokens), the sampling seeded the same for every variant: {group: {"reward", "clean"}}. The
-    figure of what a run learned, whichever groups its draw held at the end."""
+    of the group's prompts (a seeded choice, the same for every variant; of `mix.eval_rows` where the mix holds some
+    out of training), 4 completions each as in training (temperature 1, 16 tokens), the sampling seeded the same for
+    every variant: {group: {"reward", "clean", "pass@4", "distinct"}}, pass@4 the share of prompts with at least one
+    of the 4 completions right (by its clean score), distinct the mean share of a prompt's 4 completions that differ
+    from each other (4 different texts: 1; one text 4 times: 0.25). The figure of what a run learned, whichever
+    groups its draw held at the end."""
     import random
 
     import torch
@@ -345,7 +349,7 @@ def final_evaluation(model: str, run_dir: Path, mix: Mix, prompts: int = EVAL_PR
     members = {group: [row for row in rows if row["task"] == group] for group in mix.groups}
     chosen = [row for group, its in members.items()
               for row in random.Random(EVAL_SEED).sample(its, min(prompts, len(its)))]  # fmt: skip
-    scores: dict[str, list[tuple[float, float]]] = {}
+    per_prompt: dict[str, list[tuple[list[tuple[float, float]], int]]] = {}  # group -> [(scores, distinct texts)]
     for start in range(0, len(chosen), 16):
         batch = chosen[start : start + 16]
         texts = [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in batch]
@@ -355,12 +359,15 @@ def final_evaluation(model: str, run_dir: Path, mix: Mix, prompts: int = EVAL_PR
             out = policy.generate(**encoded, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=16,
                                   num_return_sequences=4, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
         completions = tokenizer.batch_decode(out[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
-        for i, text in enumerate(completions):
-            row = batch[i // 4]
-            scores.setdefault(row["task"], []).append(mix.score(row["task"], row["prompt"][-1]["content"], text,
-                                                                row["answer"]))  # fmt: skip
-    return {group: {"reward": statistics.fmean(r for r, _ in values), "clean": statistics.fmean(c for _, c in values)}
-            for group, values in scores.items()}  # fmt: skip
+        for i, row in enumerate(batch):
+            own = completions[4 * i : 4 * i + 4]
+            scored = [mix.score(row["task"], row["prompt"][-1]["content"], text, row["answer"]) for text in own]
+            per_prompt.setdefault(row["task"], []).append((scored, len(set(own))))
+    return {group: {"reward": statistics.fmean(r for scored, _ in found for r, _ in scored),
+                    "clean": statistics.fmean(c for scored, _ in found for _, c in scored),
+                    "pass@4": statistics.fmean(float(any(c > 0 for _, c in scored)) for scored, _ in found),
+                    "distinct": statistics.fmean(n / 4 for _, n in found)}
+            for group, found in per_prompt.items()}  # fmt: skip
 
 
 def evaluate_result(model: str, result: Path, mix: Mix, prompts: int = EVAL_PROMPTS) -> dict:

@@ -1,0 +1,102 @@
+"""Prompt skipping on a real model where prompts come back (issue #70): SmolLM2-135M-Instruct with LoRA, 64 arithmetic
+prompts of mixed difficulty trained for 5 epochs, against stock TRL and the bound of a skipping rule.
+
+    trl-grpo-ext smollm2 /work/smollm2
+    python benchmarks/prompt_skip/epochs_smollm2.py run --model /work/smollm2 --seeds 0 1 2
+    python benchmarks/prompt_skip/epochs_smollm2.py report --output benchmarks/prompt_skip/results/epochs_smollm2.txt
+    python benchmarks/prompt_skip/epochs_smollm2.py smoke      # 2 steps on the tiny model (CI)
+
+The prompts (`epoch_rows`, 64): single-digit sums and products (32, learnable: 16-22% solved at the start), two-digit
+sums (16, about 5%: rarely informative) and three-digit sums (16, 0%: never informative). 8 prompts a step, so 40
+steps are 5 epochs: each prompt comes back 4 times, where a skipping rule can act. Reward 1.0 when the completion's
+last integer is the answer. Runs as `benchmarks/real_model/real_model_mix.py` (resumable per variant x seed, a final
+evaluation of every group). Variants: `stock` and `prompt_skip` (`prompt_skip: true`, the README setting). The
+bound (`skip_bound` in the report) is stock TRL's own runs with every generation group whose completions all got the
+same reward not generated: a rule that knew in advance which groups give no signal, and changed nothing else (those
+groups have zero advantage), saves exactly their tokens; it is read from stock's logs, each step's tokens times the
+share of its generation groups that disagreed (TRL's `frac_reward_zero_std`). Reported: completion tokens until the
+learnable group's reward reaches 0.8 x stock TRL's final one (median over seeds), over stock's, and the share of the
+bound's saving; the final reward of every group.
+"""
+
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.real_model.real_model_mix import (  # noqa: E402
+    COMPLETIONS,
+    THRESHOLD_SHARE,
+    Mix,
+    arithmetic_score,
+    learnable_curve,
+    main,
+)
+
+RESULTS = Path(__file__).resolve().parent / "results" / "epochs_smollm2"
+
+
+def epoch_rows() -> list[dict]:
+    """The 64 prompts (module docstring), in a fixed order."""
+    import random
+
+    rng = random.Random(70)
+    rows = []
+
+    def add(task: str, text: str, answer: int) -> None:
+        content = f"{text} Answer with the number."
+        rows.append({"prompt": [{"role": "user", "content": content}], "answer": str(answer), "task": task})
+
+    pairs = [(a, b) for a in range(2, 10) for b in range(2, 10)]
+    for a, b in rng.sample(pairs, 16):
+        add("single", f"What is {a} times {b}?", a * b)
+    for a, b in rng.sample(pairs, 16):
+        add("single", f"What is {a} plus {b}?", a + b)
+    for _ in range(16):
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        add("two_digit", f"What is {a} plus {b}?", a + b)
+    for _ in range(16):
+        a, b = rng.randint(100, 999), rng.randint(100, 999)
+        add("three_digit", f"What is {a} plus {b}?", a + b)
+    return rows
+
+
+EPOCHS = Mix(epoch_rows, arithmetic_score, ("single", "two_digit", "three_digit"), ("single",),
+             ("three_digit",), {"stock": {}, "prompt_skip": {"prompt_skip": True}}, RESULTS)  # fmt: skip
+
+
+def bound_tokens(result: dict, threshold: float) -> float | None:
+    """The tokens a perfect skipping rule would have generated in stock TRL's run `result` until the threshold: each
+    step's tokens times the share of its generation groups that disagreed (None: never reached)."""
+    tokens = 0.0
+    for value, row in zip(learnable_curve(result, EPOCHS), result["steps"], strict=False):
+        tokens += row["completions/mean_length"] * COMPLETIONS * (1 - row["frac_reward_zero_std"])
+        if value is not None and value >= threshold:
+            return tokens
+    return None
+
+
+def bound_line(results: Path = RESULTS) -> str:
+    """The bound's tokens to the threshold (median over stock's seeds) and its ratio to stock TRL's."""
+    import json
+
+    from benchmarks.real_model.real_model_mix import to_threshold
+
+    stock = [json.loads(p.read_text()) for p in sorted(results.glob("stock_seed*.json"))]
+    if not stock:
+        return "skip_bound: no stock run yet"
+    threshold = THRESHOLD_SHARE * statistics.median(learnable_curve(r, EPOCHS)[-1] for r in stock)
+    pairs = [(bound_tokens(r, threshold), to_threshold(r, threshold, EPOCHS)[1]) for r in stock]
+    pairs = [(b, s) for b, s in pairs if b is not None and s is not None]
+    if not pairs:
+        return "skip_bound: stock never reached the threshold"
+    bound, full = statistics.median(b for b, _ in pairs), statistics.median(s for _, s in pairs)
+    seeds = len(pairs)
+    return f"skip_bound (stock's {seeds} seeds that reached it): {bound:.0f} tokens, x{bound / full:.2f} of stock's"
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:], {"epochs": EPOCHS})
+    if sys.argv[1:2] == ["report"]:
+        print(bound_line())
+    sys.exit(code)
