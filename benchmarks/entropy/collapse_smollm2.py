@@ -49,7 +49,7 @@ def narrow_rows(held_out: bool = False) -> list[dict]:
     return [row for i, row in enumerate(rows) if (i in kept) == held_out]
 
 
-MIXES = {name: Mix(narrow_rows, arithmetic_score, ("arith",), ("arith",), (), VARIANTS, RESULTS / name, settings,
+MIXES = {name: Mix(narrow_rows, arithmetic_score, ("arith",), ("arith",), (), (), VARIANTS, RESULTS / name, settings,
                    eval_rows=lambda: narrow_rows(held_out=True)) for name, settings in REGIMES.items()}  # fmt: skip
 
 

@@ -61,7 +61,7 @@ def epoch_rows() -> list[dict]:
     return rows
 
 
-EPOCHS = Mix(epoch_rows, arithmetic_score, ("single", "two_digit", "three_digit"), ("single",),
+EPOCHS = Mix(epoch_rows, arithmetic_score, ("single", "two_digit", "three_digit"), ("single",), ("three_digit",),
              ("three_digit",), {"stock": {}, "prompt_skip": {"prompt_skip": True}}, RESULTS)  # fmt: skip
 
 

@@ -83,6 +83,7 @@ VARIANTS = {
                  "grad_reg": "zclip"},  # recipes/configs/gsm8k-*.yaml
     "oracle_groups": {},  # on the learnable groups' prompts only
     "oracle_skip": {},  # without the no-signal groups' prompts
+    "oracle_learnable": {},  # without the groups nothing can be learnt from (issue #69)
 }  # fmt: skip
 _INTEGER = re.compile(r"-?\d+")
 
@@ -211,15 +212,17 @@ def words_score(task: str, prompt: str, text: str, gold: str) -> tuple[float, fl
 class Mix:
     """A task mix and the runs on it: its prompts, its reward (a completion's (reward, clean score)), its groups
     (`groups`, in the report's order), the learnable ones (the threshold's, `oracle_groups`' prompts), the ones known
-    to give no signal (left out by `oracle_skip`), its variants (name -> settings, on top of `base`, the regime's
-    settings over the runs' common ones), where its results go, how many steps a run takes, and the prompts of the
-    final evaluation (`eval_rows`; the training prompts when None)."""
+    to give no signal (left out by `oracle_skip`), the ones nothing can be learnt from (out of reach, right only by
+    luck, paid whatever the answer, or solved; left out by `oracle_learnable`), its variants (name -> settings, on top
+    of `base`, the regime's settings over the runs' common ones), where its results go, how many steps a run takes, and
+    the prompts of the final evaluation (`eval_rows`; the training prompts when None)."""
 
     rows: Callable[[], list[dict]]
     score: Callable[[str, str, str, str], tuple[float, float]]
     groups: tuple[str, ...]
     learnable: tuple[str, ...]
     no_signal: tuple[str, ...]
+    unlearnable: tuple[str, ...]
     variants: dict
     results: Path
     base: dict = dataclasses.field(default_factory=dict)
@@ -229,9 +232,9 @@ class Mix:
 
 MIXES = {
     "arithmetic": Mix(arithmetic_rows, arithmetic_score, ("product", "sum", "sum3", "repeat", "noisy"),
-                      ("product", "sum"), ("sum3", "repeat"), VARIANTS, RESULTS),
+                      ("product", "sum"), ("sum3", "repeat"), ("sum3", "noisy"), VARIANTS, RESULTS),
     "words": Mix(words_rows, words_score, ("capital", "antonym", "next_letter", "coin", "plain"),
-                 ("capital", "antonym"), ("next_letter", "plain"),
+                 ("capital", "antonym"), ("next_letter", "plain"), ("next_letter", "coin", "plain"),
                  {name: VARIANTS[name] for name in ("stock", "policy_groups", "oracle_groups")}, RESULTS / "words"),
 }  # fmt: skip
 
@@ -268,6 +271,8 @@ def rows_for(variant: str, mix: Mix) -> list[dict]:
         return [row for row in rows if row["task"] in mix.learnable]
     if variant == "oracle_skip":
         return [row for row in rows if row["task"] not in mix.no_signal]
+    if variant == "oracle_learnable":
+        return [row for row in rows if row["task"] not in mix.unlearnable]
     return rows
 
 
@@ -442,12 +447,13 @@ def final_rewards(result: dict, mix: Mix = MIXES["arithmetic"], key: str = "rewa
     return out
 
 
-BOUNDS = {"policy_groups": ("oracle_groups", 0), "prompt_skip": ("oracle_skip", 1)}  # bound, index: steps or tokens
+# a variant's bounds: (bound, index: steps or tokens to the threshold)
+BOUNDS = {"policy_groups": (("oracle_groups", 0), ("oracle_learnable", 0)), "prompt_skip": (("oracle_skip", 1),)}
 
 
 def comparison(reached: dict, variant: str) -> str:
     """`variant` against stock TRL, paired by seed: the ratio of the medians of steps and of tokens to the threshold
-    over the seeds both ran, and for a variant with a bound (`BOUNDS`) its share of the bound's gain over the seeds
+    over the seeds both ran, and for a variant with bounds (`BOUNDS`) its share of each bound's gain over the seeds
     all three ran. `reached`: variant -> {seed: (steps, tokens)}."""
 
     def median(name: str, seeds: set, index: int) -> float:
@@ -456,13 +462,13 @@ def comparison(reached: dict, variant: str) -> str:
     common = set(reached[variant]) & set(reached["stock"])
     steps, tokens = (median(variant, common, i) / median("stock", common, i) for i in (0, 1))
     line = f"{variant} (seeds {sorted(common)}): steps x{steps:.2f}, tokens x{tokens:.2f}"
-    bound, index = BOUNDS.get(variant, (None, 0))
-    if bound in reached and common & set(reached[bound]):
-        seeds = common & set(reached[bound])
-        gain = median("stock", seeds, index) - median(bound, seeds, index)
-        own = median("stock", seeds, index) - median(variant, seeds, index)
-        share = f"{own / gain:.0%} of {bound}'s gain (seeds {sorted(seeds)})" if gain > 0 else f"{bound} gains nothing"
-        line += f"; {share}"
+    for bound, index in BOUNDS.get(variant, ()):
+        if bound in reached and common & set(reached[bound]):
+            seeds = common & set(reached[bound])
+            gain = median("stock", seeds, index) - median(bound, seeds, index)
+            own = median("stock", seeds, index) - median(variant, seeds, index)
+            share = f"{own / gain:.0%} of {bound}'s gain" if gain > 0 else f"{bound} gains nothing"
+            line += f"; {share} (seeds {sorted(seeds)})"
     return line
 
 
