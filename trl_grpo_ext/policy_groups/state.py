@@ -23,11 +23,7 @@ def checkpoint_defaults(num_groups: int, num_rows: int) -> dict:
     k, n = num_groups, num_rows
     return {
         "stages": stage_checkpoint_defaults(),
-        "generations": 0,
-        "nan_rewards": 0,
-        "last_update_step": 0,
-        "last_regroup_step": 0,
-        "events": [],
+        **{"generations": 0, "nan_rewards": 0, "last_update_step": 0, "last_regroup_step": 0, "events": []},
         "sums": {name: torch.zeros(k, dtype=torch.float64) for name in score.SUMS},  # (K,) each
         "alpha": torch.ones(k, dtype=torch.float64),  # (K,) the `progress` weights
         "update_reward": torch.full((k,), float("nan"), dtype=torch.float64),  # (K,) reward at the last update
