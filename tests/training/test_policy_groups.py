@@ -355,8 +355,9 @@ def test_two_processes_hold_identical_statistics_and_see_different_prompts(two_p
     one `test_two_processes_grouped_run_resumes_exactly` resumes."""
     records = full_records(two_process_runs["grouped"])
     assert records[0]["prompts"] != records[1]["prompts"]  # each rank takes its own slice of the global draw
-    keys = [k for k in records[0]["logs"][-2] if k.startswith("policy_groups/")]
-    assert any(k.endswith("/credibility") for k in keys)  # the log-probabilities of both processes were noted
+    keys = {k for row in records[0]["logs"] for k in row if k.startswith("policy_groups/")}
+    # the log-probabilities of both processes were noted: a group's credibility moved off the prior's 1/3
+    assert any(abs(row[k] - 1 / 3) > 0.01 for row in records[0]["logs"] for k in row if k.endswith("/credibility"))
     assert keys and all(row0.get(k) == row1.get(k) for row0, row1 in zip(records[0]["logs"], records[1]["logs"],
                                                                          strict=True) for k in keys)  # fmt: skip
 
