@@ -32,9 +32,10 @@ does not score a group 0.
 
 import torch
 
-# the sums kept per group (K,): prompts, their rewards' and their variances' sums, those whose completions disagreed;
+# the sums kept per group (K,): prompts, their rewards', variances' and squared variances' sums, those whose
+# completions disagreed;
 # over those, the within-prompt sums of reward × log-probability, their squares, and the degrees of freedom
-SUMS = ("prompts", "reward", "variance", "informative", "rl", "rr", "ll", "df")
+SUMS = ("prompts", "reward", "variance", "variance2", "informative", "rl", "rr", "ll", "df")
 _RHO = torch.linspace(-0.995, 0.995, 399, dtype=torch.float64)  # the grid of the posterior of ρ
 
 
@@ -50,7 +51,8 @@ def prompt_sums(rewards: torch.Tensor, logps: torch.Tensor | None, group_ids: to
     centred = torch.where(valid, r - mean[:, None], 0.0)  # (P, G)
     variance = (centred**2).sum(1) / (count - 1).clamp(min=1)
     informative = kept & (variance > 1e-12)
-    per_prompt = {"prompts": kept.double(), "reward": mean, "variance": variance, "informative": informative.double()}
+    per_prompt = {"prompts": kept.double(), "reward": mean, "variance": variance, "variance2": variance**2,
+                  "informative": informative.double()}  # fmt: skip
     if logps is not None:
         both = valid & ~torch.isnan(logps) & informative[:, None]
         n = both.sum(1)
@@ -83,14 +85,30 @@ def credibility(rl: torch.Tensor, rr: torch.Tensor, ll: torch.Tensor, df: torch.
     return (posterior * _RHO**2).sum(1)
 
 
+def signal(sums: dict) -> torch.Tensor:
+    """W (K,): each group's mean within-prompt reward variance, shrunk toward the mean over all groups by how much its
+    own prompts say (empirical Bayes for a one-way random-effects model, Morris 1983, JASA 78(381); the between-group
+    variance τ² by the method of moments, as DerSimonian & Laird 1986): W_i = B_i·m̄ + (1 − B_i)·m_i, m_i the group's
+    mean over its n_i recent prompts, m̄ the mean over all, B_i = s² / (s² + n_i·τ²), s² the variance of one prompt's
+    variance around m̄ (over all prompts: it holds the between-group part too, which errs toward shrinking, and it is
+    known from the first prompts on). A group seen little, or groups that do not differ, get m̄ alike; a group whose
+    prompts say it differs gets its own mean."""
+    n, total = sums["prompts"], sums["prompts"].sum()
+    seen = n > 0
+    m = torch.where(seen, sums["variance"] / n.clamp(min=1e-12), 0.0)
+    pooled = sums["variance"].sum() / total
+    within = ((sums["variance2"].sum() - total * pooled**2) / (total - 1).clamp(min=1)).clamp(min=1e-12)
+    between = (n * (m - pooled) ** 2).sum() - (seen.sum() - 1).clamp(min=0) * within
+    tau2 = (between / (total - (n**2).sum() / total).clamp(min=1e-12)).clamp(min=0)
+    shrink = within / (within + n * tau2)
+    return shrink * pooled + (1 - shrink) * m
+
+
 def scores(sums: dict) -> torch.Tensor:
     """s_i = W_i · κ²_i (K,) from a run's per-group `sums` (module docstring); all 1 before any prompt was scored."""
-    total = sums["prompts"].sum()
-    if total <= 0:
+    if sums["prompts"].sum() <= 0:
         return torch.ones_like(sums["prompts"])
-    pooled = sums["variance"].sum() / total
-    signal = (sums["variance"] + pooled) / (sums["prompts"] + 1)
-    return signal * credibility(sums["rl"], sums["rr"], sums["ll"], sums["df"])
+    return signal(sums) * credibility(sums["rl"], sums["rr"], sums["ll"], sums["df"])
 
 
 def draw_probabilities(scores: torch.Tensor, sizes: torch.Tensor, floor: float) -> torch.Tensor:

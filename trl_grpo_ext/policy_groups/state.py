@@ -12,7 +12,7 @@ from .stages import StageSchedule, stage_checkpoint_defaults
 # field with the value a checkpoint without it loads with (`checkpoint_defaults`). An attribute outside the schema is
 # refused at saving (`resume.schema_state`), a field outside it at loading (`resume.schema_fields`).
 REQUIRED_FIELDS = ("seed", "names", "assignment")
-REWARD_SUMS = ("prompts", "reward", "variance", "informative")  # folded in when the rewards come
+REWARD_SUMS = ("prompts", "reward", "variance", "variance2", "informative")  # folded in when the rewards come
 LOGP_SUMS = ("rl", "rr", "ll", "df")  # folded in once the policy's log-probabilities of the batch are known
 
 
@@ -103,7 +103,7 @@ class PolicyGroupState:
         scored = (~torch.isnan(pending["rewards"])).sum(1) >= 2
         noted = scored & (~torch.isnan(pending["logps"])).any(1)  # (P,) prompts whose log-probabilities came
         counts = torch.zeros(self.num_groups, dtype=torch.float64).index_add_(0, ids, noted.double())
-        self.sums |= score.decayed_add(self.sums, batch, counts, halflife, LOGP_SUMS)
+        self.sums |= score.decayed_add(self.sums, batch, counts, float("inf"), LOGP_SUMS)  # over the whole run
 
     def scores(self, args) -> torch.Tensor:
         """(K,) each group's score (`score.scores`), times its `progress` weight with that sampling rule."""
