@@ -31,8 +31,8 @@ def test_prompt_sums_by_hand():
     rewards = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0], [nan, 0.0, 1.0]])
     logps = torch.tensor([[-1.0, -3.0, -2.0], [-1.0, -1.0, -1.0], [-5.0, -4.0, -2.0]])
     sums = score.prompt_sums(rewards, logps, torch.tensor([0, 0, 1]), 2)
-    expected = {"prompts": [2, 1], "reward": [5 / 3, 0.5], "variance": [1 / 3, 0.5], "informative": [1, 1],
-                "rl": [1, 1], "rr": [2 / 3, 0.5], "ll": [2, 2], "df": [2, 1]}  # fmt: skip
+    expected = {"prompts": [2, 1], "reward": [5 / 3, 0.5], "variance": [1 / 3, 0.5], "variance2": [1 / 9, 0.25],
+                "informative": [1, 1], "rl": [1, 1], "rr": [2 / 3, 0.5], "ll": [2, 2], "df": [2, 1]}  # fmt: skip
     for name, values in expected.items():
         assert_close(sums[name], torch.tensor(values, dtype=D), msg=name)
     # without log-probabilities the credibility sums are 0; a prompt with one scored completion counts nowhere
@@ -46,6 +46,23 @@ def test_decayed_add_halves_a_group_after_halflife_prompts():
     batch = {"prompts": torch.tensor([2.0, 0.0], dtype=D)}
     added = score.decayed_add(sums, batch, batch["prompts"], halflife=2.0, names=("prompts",))
     assert_close(added["prompts"], torch.tensor([4.0, 3.0], dtype=D))  # 4 x 0.5 + 2, 3 x 1 + 0
+
+
+def test_signal_is_each_groups_variance_shrunk_toward_the_pooled_one_by_hand():
+    # group 0: two prompts of variance 0.5; group 1: two of 0. n = 2, 2; m = 0.5, 0; pooled m̄ = 0.25 over N = 4.
+    # s² = (Σv² − N·m̄²) / (N − 1) = (0.5 − 0.25) / 3 = 1/12; Q = Σ n_i (m_i − m̄)² = 0.25; τ² = (Q − (K − 1)·s²) /
+    # (N − Σn²/N) = (0.25 − 1/12) / 2 = 1/12; B = s² / (s² + n·τ²) = 1/3: W = m̄/3 + 2·m/3 = 5/12 and 1/12
+    sums = {"prompts": torch.tensor([2.0, 2.0], dtype=D), "variance": torch.tensor([1.0, 0.0], dtype=D),
+            "variance2": torch.tensor([0.5, 0.0], dtype=D)}  # fmt: skip
+    assert_close(score.signal(sums), torch.tensor([5 / 12, 1 / 12], dtype=D))
+    # one prompt each says nothing of the groups apart from the spread of all prompts: both get the pooled mean
+    one = {"prompts": torch.tensor([1.0, 1.0], dtype=D), "variance": torch.tensor([0.5, 0.0], dtype=D),
+           "variance2": torch.tensor([0.25, 0.0], dtype=D)}  # fmt: skip
+    assert_close(score.signal(one), torch.tensor([0.25, 0.25], dtype=D))
+    # many prompts: each group's own mean (100 of 0.5 against 100 of 0 leaves almost nothing to shrink)
+    many = {"prompts": torch.tensor([100.0, 100.0], dtype=D), "variance": torch.tensor([50.0, 0.0], dtype=D),
+            "variance2": torch.tensor([25.0, 0.0], dtype=D)}  # fmt: skip
+    assert_close(score.signal(many), torch.tensor([0.5, 0.0], dtype=D), atol=3e-3, rtol=0)
 
 
 def test_credibility_is_the_prior_without_evidence_and_the_estimate_with_much():

@@ -24,10 +24,11 @@ Where it departs from LILO and VCRL: they rank by the variance alone, which judg
 normalisation turns it into full-size advantages); κ² discounts it. And it scores groups, not prompts: a prompt is
 drawn through its group, in proportion to the group's score (`draw_probabilities`).
 
-Each group's statistics are sums over its prompts, each prompt weighted 2^(−m/H) after m later prompts of the group
-(`policy_group_halflife` = H), so that they follow a group as it learns. W_i counts one more prompt at the pooled
-mean of all groups (Laplace's rule of succession, in the form of a pseudo-observation), so that one prompt all wrong
-does not score a group 0.
+Each group's statistics are sums over its prompts. Those of W weigh a prompt 2^(−m/H) after m later prompts of the
+group (`policy_group_halflife` = H), so that W follows a group as it learns, and W is shrunk toward the mean over
+all groups by as much as the group's own prompts leave uncertain (`signal`), so that one prompt all wrong does not
+score a group 0. Those of κ² are kept over the whole run: whether a reward tracks the completions is a property of
+the reward, and the longer the evidence, the closer a noisy judge's κ² comes to 0.
 """
 
 import torch
