@@ -47,8 +47,8 @@ class PolicyGroupFields:
         A share of every draw spread evenly over the groups, so that each group with prompts is drawn with
         probability at least `floor / number of groups` and its statistics keep coming in.
     policy_group_halflife (`float`, *optional*, defaults to `32.0`):
-        Half-life of a group's statistics, in its own prompts: a prompt counts half after this many later prompts
-        of its group, so the score follows the group as it learns.
+        Half-life of a group's reward statistics, in its own prompts: a prompt counts half after this many later
+        prompts of its group, so the score follows the group as it learns (the credibility's are kept over the run).
     policy_group_loss_weighting (`bool`, *optional*, defaults to `False`):
         Also multiply each completion's advantage by its group's score, normalised to mean 1 over the completions
         whose advantage is not 0 (those that carry a gradient), so the loss scale is unchanged.
