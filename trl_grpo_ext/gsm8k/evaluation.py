@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from ..resume import write_json_atomically
 from .eval_generation import decoding_settings, generate
 from .rewards import answer_is_correct, extract_final_answer, same_answer
 
@@ -232,11 +233,11 @@ def run_chat_template_kwargs(model_path: str) -> tuple[dict, str] | None:
 
 
 def write_results(results: dict, output_dir: str, name: str = "eval_results.json") -> str:
-    """Write `results` as indented JSON to `<output_dir>/<name>`; return the path."""
+    """Write `results` as indented JSON to `<output_dir>/<name>`, atomically (a write cut short leaves no partial
+    file); return the path."""
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, name)
-    with open(path, "w") as f:
-        json.dump(results, f, indent=2)
+    write_json_atomically(path, results, indent=2)
     return path
 
 

@@ -62,6 +62,7 @@ PRIVATE_METHODS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     # called, not overridden
     "_get_grad_norm": ("transformers 5.24.0 Trainer", ("self", "model"), ()),
     "_get_output_dir": ("transformers 5.24.0 Trainer", ("self", "trial"), ()),
+    "save_model": ("transformers 5.24.0 Trainer", ("self", "output_dir", "_internal_call"), ()),  # its private flag
     # looked for on a traceback (`accessors.raised_in_training_loop`)
     "_inner_training_loop": ("transformers 5.24.0 Trainer", ("self", "batch_size"), ()),
 }
