@@ -35,11 +35,14 @@ from .resume import (
     Stopped,
     TerminationHandler,
     TrainingTerminated,
+    batch_layout,
     checkpoint_problem,
     checkpoint_step,
     finishing,
     last_complete_checkpoint,
+    layout_problem,
     load_resume_state,
+    save_layout,
     save_resume_state,
     saved_model,
     stop_signals,
@@ -342,9 +345,12 @@ class GRPOTrainer(TRLContact):
             if problem is not None:
                 raise ValueError(f"resume_from_checkpoint={str(resume_from_checkpoint)!r} is incomplete: {problem}")
         if resume_from_checkpoint:
-            logger.warning(
-                "Resuming from %s (step %d)", resume_from_checkpoint, checkpoint_step(resume_from_checkpoint)
-            )
+            step = checkpoint_step(resume_from_checkpoint)
+            layout = batch_layout(self.args, self.accelerator.num_processes)
+            problem = layout_problem(str(resume_from_checkpoint), layout, step)
+            if problem is not None and not 0 < self.args.max_steps <= step:  # a finished run trains nothing
+                raise ValueError(problem)
+            logger.warning("Resuming from %s (step %d)", resume_from_checkpoint, step)
         termination.note_training_started()
         stopping = TerminationHandler(self.accelerator)  # a stop signal: a checkpoint at the step's end, then stop
         self.add_callback(stopping)
@@ -441,6 +447,7 @@ class GRPOTrainer(TRLContact):
             self.args.save_total_limit = save_total_limit
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
+            save_layout(checkpoint_dir, batch_layout(self.args, self.accelerator.num_processes))
             write_manifest(checkpoint_dir)
             rotate_checkpoints(run_dir, save_total_limit, self.state.best_model_checkpoint, use_mtime=True)
 

@@ -31,11 +31,13 @@ from .checkpoints import (
     write_json_atomically,
     write_manifest,
 )
+from .layout import LAYOUT_NAME, batch_layout, layout_problem, save_layout
 from .sampler import EpochSeededSampler
 from .saved_model import MODEL_MANIFEST_NAME, saved_model_step
 from .termination import Stopped, TerminationHandler, TrainingTerminated, finishing, stop_signals
 
 __all__ = [
+    "LAYOUT_NAME",
     "MANIFEST_NAME",
     "MODEL_MANIFEST_NAME",
     "STATE_NAME",
@@ -45,11 +47,14 @@ __all__ = [
     "Stopped",
     "TerminationHandler",
     "TrainingTerminated",
+    "batch_layout",
     "checkpoint_problem",
     "checkpoint_step",
     "finishing",
     "last_complete_checkpoint",
+    "layout_problem",
     "load_resume_state",
+    "save_layout",
     "save_resume_state",
     "saved_model_step",
     "schema_fields",
