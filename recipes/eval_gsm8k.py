@@ -33,6 +33,7 @@ from trl_grpo_ext.error_reports import MissingDependencyError
 
 if __name__ == "__main__":  # before TRL's imports, which log bitsandbytes' CPU-kernel line
     errors.quiet_script_start()
+    errors.stop_while_starting("eval_gsm8k.py")  # a stop signal during the imports: one line
 
 from dataclasses import dataclass, field
 

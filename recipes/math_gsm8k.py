@@ -13,10 +13,13 @@ what it is doing (`trl_grpo_ext.reporting.progress`: generating, how many tokens
 training, the model is evaluated on `--eval_limit` test problems (greedy pass@1, strict and lenient: argmax decoding,
 whatever the checkpoint's generation_config.json sets; `--eval_limit 0` skips it, and a run of fewer than 10 steps
 takes at most 8 problems, saying so), its batches of `--eval_batch_size` shared over the processes, a progress line a
-batch; `eval_results.json` (with the decoding settings used) is written
-to `output_dir`. Relaunching a finished run with `--resume_from_checkpoint true` (a requeued job) trains, saves and
-evaluates nothing and says the run is complete. SIGTERM (a scheduler stopping the job) is handled as Ctrl-C is, and
-saves a checkpoint of the step in progress first: one line says how to resume.
+batch; `eval_results.json` (with the decoding settings used) is written to `output_dir`. Relaunching a run whose
+last step is done with `--resume_from_checkpoint true` (a requeued job) trains nothing and does only the end-of-run
+work it still owes (the final model, the evaluation), or says there is none. SIGTERM (a scheduler stopping the
+job) and Ctrl-C are handled wherever they arrive: one line at receipt; in training the step in progress finishes and
+its checkpoint is saved, in the final save the model is saved (and the step's checkpoint kept) before stopping; a
+second signal stops at once. One line then says what was saved, what was
+not, and the command that resumes or finishes the run.
 
 Errors: everything that needs no model is checked before one is built or loaded (the config file and every key in it
 or on the command line, with "did you mean `policy_group_column`?", the values, the packages, the reward names, the
@@ -37,7 +40,7 @@ sizes, learning rate, rewards, dtype and memory settings stay the preset's (docs
 
 import contextlib
 import dataclasses
-import signal
+import json
 import sys
 
 from trl_grpo_ext.cli import errors
@@ -45,6 +48,7 @@ from trl_grpo_ext.error_reports import MissingDependencyError
 
 if __name__ == "__main__":  # before TRL's imports, which log bitsandbytes' CPU-kernel line
     errors.quiet_script_start()
+    errors.stop_while_starting("math_gsm8k.py", trains=True)  # a stop signal during the imports: one line
 
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,7 +82,7 @@ except MissingDependencyError as error:
     raise SystemExit(f"math_gsm8k.py: error: {error}") from None
 from trl_grpo_ext.reporting.callbacks import MetricsTableCallback
 from trl_grpo_ext.reporting.progress import StepProgress
-from trl_grpo_ext.resume import last_complete_checkpoint
+from trl_grpo_ext.resume import Stopped, last_complete_checkpoint, saved_model_step
 
 
 @dataclass
@@ -296,50 +300,90 @@ def main(script_args: GSM8KScriptArguments, training_args: GRPOConfig, model_arg
     with errors.training_errors(training_args.output_dir):
         try:
             trainer.train(resume_from_checkpoint=True if str(resume).lower() == "true" else resume)
-        except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (its checkpoint saved): the entry point says
-            # which checkpoint is complete and how to resume
-            number = getattr(interrupt, "signal_number", signal.SIGINT)
-            raise errors.Interrupted(training_args.output_dir, trainer.state.global_step, __file__, number) from None
+        except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM (the step's checkpoint saved, unless a second
+            # signal stopped it at once): the entry point says which checkpoint is complete and how to resume
+            raise errors.Interrupted(training_args.output_dir, trainer.state.global_step, interrupt) from None
         finally:
             progress.close()  # an error skips the end of training, which stops its lines
-    if trainer.run_already_complete:  # a finished job relaunched: its saved model and evaluation stay as they are
-        print(f"Run already complete at step {trainer.state.global_step}: nothing saved or evaluated")
-        trainer.end()
-        return {}
-    with errors.training_errors(training_args.output_dir, started=True):  # saving and evaluating too
-        trainer.save_model(training_args.output_dir)
-
-        results = {}
-        if eval_dataset is not None:  # every process evaluates its share of the problems; all get the results
-            with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
-                results = evaluate_gsm8k(
-                    model.eval(),
-                    trainer.processing_class,
-                    eval_dataset,
-                    max_new_tokens=training_args.max_completion_length,
-                    batch_size=script_args.eval_batch_size,
-                    chat_template_kwargs=training_args.chat_template_kwargs,  # prompts as training formatted them
-                    seed=training_args.seed,
-                    accelerator=trainer.accelerator,
-                )
-                if results["empty_completions"] >= EMPTY_SHARE:  # an untrained model, or one its training wrecked?
-                    with model_before_training(model, tiny_dir) as before:
-                        if before is not None:
-                            results["untrained"] = untrained_empty_share(
-                                before, trainer.processing_class, eval_dataset,
-                                max_new_tokens=training_args.max_completion_length,
-                                chat_template_kwargs=training_args.chat_template_kwargs,
-                                accelerator=trainer.accelerator,
-                            )  # fmt: skip
-        if results and trainer.accelerator.is_main_process:
-            path = write_results(results, training_args.output_dir)
-            print(format_table(results))
-            print(f"Saved {path}")
-            warning = collapse_warning(results, training_args.learning_rate, base=model_args.model_name_or_path)
-            if warning:
-                print(warning)
+    step = trainer.state.global_step
+    owed = owed_work(training_args.output_dir, step, evaluate=eval_dataset is not None)
+    if trainer.run_already_complete:  # a finished job relaunched: only the end-of-run work it still owes
+        if not owed:
+            print(f"Run already complete at step {step}: its final model and evaluation are written; nothing to do")
+            trainer.end()
+            return {}
+        print(f"Run already complete at step {step}: doing the end-of-run work it still owes: {', '.join(owed)}")
+    try:
+        with errors.training_errors(training_args.output_dir, started=True):  # saving and evaluating too
+            results = finish_run(trainer, script_args, training_args, eval_dataset, owed, model_args, tiny_dir)
+    except Stopped as stop:  # SIGTERM or Ctrl-C after training: the step's checkpoint kept for the requeued run
+        if not stop.at_once:
+            trainer.save_checkpoint_now()
+        left = owed_work(training_args.output_dir, step, evaluate=eval_dataset is not None)
+        done = [work for work in owed if work not in left]
+        saved = f"saved: {' and '.join(done)} in {training_args.output_dir}" if done else "saved: nothing more"
+        raise Stopped(stop.signal_number, stop.at_once, finished=saved, not_done=", ".join(left) or None,
+                      output_dir=training_args.output_dir, step=step) from None  # fmt: skip
     trainer.accelerator.wait_for_everyone()
     trainer.end()  # finish the trackers and close the process group
+    return results
+
+
+FINAL_MODEL, EVALUATION = "the final model", "the evaluation (eval_results.json)"
+
+
+def owed_work(output_dir: str, step: int, evaluate: bool) -> list[str]:
+    """What the end of a run trained to `step` has not written yet: `FINAL_MODEL` unless `output_dir` holds a complete
+    save of that step (`saved_model_step`), `EVALUATION` (when `evaluate`) unless its eval_results.json is of that
+    step."""
+    owed = [] if saved_model_step(output_dir) == step else [FINAL_MODEL]
+    if evaluate:
+        try:
+            evaluated = json.loads((Path(output_dir) / "eval_results.json").read_text()).get("global_step")
+        except (OSError, ValueError):
+            evaluated = None
+        owed += [] if evaluated == step else [EVALUATION]
+    return owed
+
+
+def finish_run(trainer, script_args, training_args, eval_dataset, owed: list[str], model_args, tiny_dir) -> dict:
+    """The end-of-run work of `owed`: save the final model into `output_dir`, then evaluate it on `eval_dataset`
+    (every process its share; all get the results) and write eval_results.json with the step; returns the results.
+    When `EMPTY_SHARE` or more of the greedy completions are empty, the model before training (`tiny_dir`'s, or the
+    base under the LoRA adapter) is evaluated too (`untrained`), so that the warning blames training only for what
+    it did."""
+    if FINAL_MODEL in owed:
+        trainer.save_model(training_args.output_dir)
+    if EVALUATION not in owed:
+        return {}
+    with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
+        results = evaluate_gsm8k(
+            model.eval(),
+            trainer.processing_class,
+            eval_dataset,
+            max_new_tokens=training_args.max_completion_length,
+            batch_size=script_args.eval_batch_size,
+            chat_template_kwargs=training_args.chat_template_kwargs,  # prompts as training formatted them
+            seed=training_args.seed,
+            accelerator=trainer.accelerator,
+        )
+        if results["empty_completions"] >= EMPTY_SHARE:  # an untrained model, or one its training wrecked?
+            with model_before_training(model, tiny_dir) as before:
+                if before is not None:
+                    results["untrained"] = untrained_empty_share(
+                        before, trainer.processing_class, eval_dataset,
+                        max_new_tokens=training_args.max_completion_length,
+                        chat_template_kwargs=training_args.chat_template_kwargs,
+                        accelerator=trainer.accelerator,
+                    )  # fmt: skip
+    results["global_step"] = trainer.state.global_step
+    if trainer.accelerator.is_main_process:
+        path = write_results(results, training_args.output_dir)
+        print(format_table(results))
+        print(f"Saved {path}")
+        warning = collapse_warning(results, training_args.learning_rate, base=model_args.model_name_or_path)
+        if warning:
+            print(warning)
     return results
 
 
@@ -393,7 +437,8 @@ def _cli(argv: list[str]) -> None:
 def cli(argv: list[str] | None = None) -> int:
     """The recipe run from the command line (`argv` defaults to `sys.argv[1:]`); returns the exit code, 1 or 2 for a
     user error printed as one line (`trl_grpo_ext.cli.errors.run`)."""
-    return errors.run(_cli, sys.argv[1:] if argv is None else argv, prog=PROG)
+    return errors.run(_cli, sys.argv[1:] if argv is None else argv, prog=PROG, command=errors.script_command(__file__),
+                      trains=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from .field_checks import config_parts
 from .generation.config import FAST_GENERATION_CONFIG, check_generation_engine, generation_levers
 from .grad_reg.config import GRAD_REG_CONFIG, check_grad_reg_engine
 from .policy_groups.config import policy_grouping_requested, stages_requested
+from .trl_fields import check_trl_fields, misleading_values
 
 __all__ = ["FEATURE_CONFIGS", "FIELD_MODES", "FIELD_RANGES", "GRPOConfig", "TRLGRPOConfig", "TRL_COUNTS",
            "generation_levers", "own_fields", "policy_grouping_requested", "stages_requested"]  # fmt: skip
@@ -58,6 +59,7 @@ class GRPOConfig(FeatureFields, TRLGRPOConfig):
 
     def __post_init__(self):
         self._check_trl_counts()  # before TRL's own __post_init__, which divides by some of them
+        check_trl_fields(self)  # TRL's and transformers' other numbers, and numbers in YAML mappings
         # Fast generation under FSDP or ZeRO-3, and gradient regularization under DeepSpeed or FSDP, also before:
         # TrainingArguments' __post_init__ builds the DeepSpeed plugin from the same settings (and needs deepspeed
         # installed for it). Checked again with the other rules.
@@ -76,8 +78,6 @@ class GRPOConfig(FeatureFields, TRLGRPOConfig):
             value = getattr(self, name, None)
             if isinstance(value, int) and not isinstance(value, bool) and value < least:
                 raise ValueError(f"{name} must be {wanted}, got {value}")
-        if self.temperature is not None and not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0 (TRL samples completions), got {self.temperature}")
 
     def _check_fields(self, parts=None) -> None:
         """This package's checks (also run on a TRL config by `add_defaults`), and those of the parts a subclass adds
@@ -93,14 +93,17 @@ class GRPOConfig(FeatureFields, TRLGRPOConfig):
 
     def _check_trl_fields(self) -> None:
         """Values of transformers' and TRL's own fields that they accept but that cannot mean what was asked; a
-        warning (`UserWarning`) for a temperature in `generation_kwargs` other than `temperature`, and for
-        `do_sample=False` there (greedy completions: equal within a generation group)."""
+        warning (`UserWarning`) for a temperature in `generation_kwargs` other than `temperature`, for
+        `do_sample=False` there (greedy completions: equal within a generation group), and for each value of
+        `trl_fields.misleading_values`."""
         steps = self.max_steps
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < -1:
             raise ValueError(
                 f"max_steps must be a number of optimizer steps >= 1, or -1 (or 0) to train for num_train_epochs, "
                 f"got {steps!r}"
             )
+        for message in misleading_values(self):
+            warnings.warn(message, UserWarning, stacklevel=3)
         if (self.generation_kwargs or {}).get("do_sample") is False:
             warnings.warn(
                 "generation_kwargs do_sample=False makes every completion of a prompt the same greedy one: GRPO's "
@@ -137,7 +140,8 @@ class GRPOConfig(FeatureFields, TRLGRPOConfig):
             if not hasattr(args, f.name):
                 default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
                 setattr(args, f.name, default)
-        GRPOConfig._check_fields(args, config_parts(cls))  # values a script set on the TRL config: checked too
+        check_trl_fields(args)  # values a script set on the TRL config: checked too
+        GRPOConfig._check_fields(args, config_parts(cls))
         return args
 
 

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import time
+import traceback
 from collections.abc import Callable
 
 import trl
@@ -32,16 +33,24 @@ from .policy_groups.feature import check_policy_group_setup
 from .resume import (
     EpochSeededSampler,
     RunAlreadyComplete,
+    Stopped,
     TerminationHandler,
     TrainingTerminated,
+    batch_layout,
     checkpoint_problem,
     checkpoint_step,
+    finishing,
     last_complete_checkpoint,
+    layout_problem,
     load_resume_state,
+    save_layout,
     save_resume_state,
+    saved_model,
+    stop_signals,
+    termination,
     write_manifest,
 )
-from .trl_contact import GRPOLoopState, TRLContact, output_dir, stop_memory_tracking
+from .trl_contact import GRPOLoopState, TRLContact, output_dir, save_checkpoint, save_model_files, stop_memory_tracking
 from .vllm_lora.feature import vllm_lora_engine
 
 logger = logging.getLogger(__name__)
@@ -78,6 +87,20 @@ def _check_trainable(model) -> None:
         f"the model ({type(model).__name__}) has no trainable parameter (requires_grad is False for all of them), so "
         "training would change nothing: unfreeze the parameters to train, or pass peft_config to train LoRA adapters"
     )
+
+
+def raising_reward_function(error: BaseException, functions: list, names: list[str]) -> str:
+    """The name of the reward function among `functions` (with their `names`) whose code is on `error`'s traceback,
+    innermost first; "a reward function" when none is (TRL's own check of what one returned)."""
+    codes = {}
+    for function, name in zip(functions, names, strict=True):
+        target = inspect.unwrap(getattr(function, "func", function))  # a functools.partial's function
+        call = target if inspect.isfunction(target) else type(target).__call__  # an instance: its method
+        code = getattr(call, "__code__", None)
+        if code is not None:
+            codes[code] = name
+    frames = [frame.f_code for frame, _ in traceback.walk_tb(error.__traceback__)]
+    return next((codes[code] for code in reversed(frames) if code in codes), "a reward function")
 
 
 class GRPOTrainer(TRLContact):
@@ -226,7 +249,12 @@ class GRPOTrainer(TRLContact):
         return self.hook_generate_single_turn(prompt_ids, *args, **kwargs)
 
     def hook_calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super().hook_calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        try:
+            rewards_per_func = super().hook_calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        except Exception as error:  # the user's reward function: named, for the entry points' one line
+            error.reward_function = raising_reward_function(error, self.reward_funcs, self.reward_func_names)
+            error.step = self.state.global_step + 1
+            raise
         for feature in self._acting("rewards"):
             feature.rewards(inputs, rewards_per_func)
         return rewards_per_func
@@ -281,21 +309,24 @@ class GRPOTrainer(TRLContact):
     def train(self, resume_from_checkpoint: str | bool | None = None, *more, **kwargs):
         """TRL's `train`; `resume_from_checkpoint=True` resumes from the newest *complete* checkpoint.
 
-        A checkpoint at or past the run's last step (`max_steps`, or the step `num_train_epochs` ends at) means the
-        run is complete (a finished job relaunched): nothing is trained, logged, saved or evaluated, a warning says so,
-        and `self.run_already_complete` is True until the next call. The model then holds the checkpoint's weights
-        and `self.state` its trainer state (so a later `save_model` writes the final model again, not the initial
-        one). Returns `TrainOutput(global_step=<the checkpoint's>, training_loss=nan, metrics)`: no step ran, so
-        there is no loss, as transformers' `train_loss` covers only the steps of the call.
+        A checkpoint at or past the run's last step (`max_steps`, or the step `num_train_epochs` ends at) means
+        the training is complete (a finished job relaunched): nothing is trained, logged or saved, a warning
+        says so, and `self.run_already_complete` is True until the next call (a script then does only the work
+        after training it still owes: `resume.saved_model_step` says whether the final model was saved). The
+        model then holds the checkpoint's weights and `self.state` its trainer state (so a later `save_model`
+        writes the final model again, not the initial one). Returns `TrainOutput(global_step=<the
+        checkpoint's>, training_loss=nan, metrics)`: no step ran, so there is no loss, as transformers'
+        `train_loss` covers only the steps of the call.
 
-        SIGTERM during training (a scheduler stopping the job) is handled like Ctrl-C (`resume.TerminationHandler`):
-        the step in progress finishes, its checkpoint is saved, and `TrainingTerminated` (a `KeyboardInterrupt`) is
-        raised.
+        SIGTERM (a scheduler stopping the job) or Ctrl-C during training (`resume.termination`): one line says so at
+        once, the step in progress finishes, its checkpoint is saved (also with `save_strategy="no"`), and
+        `TrainingTerminated` (a `KeyboardInterrupt`) is raised; a second signal stops at once, mid-step.
 
         Raises:
             ValueError: `resume_from_checkpoint` names a checkpoint that is incomplete (says which file), or is True
                 and `output_dir` holds no complete checkpoint.
-            TrainingTerminated: SIGTERM arrived; the checkpoint of the last step done is saved.
+            TrainingTerminated: a stop signal arrived; its message names the signal, the step, the last complete
+                checkpoint and how to resume.
         """
         start_time = time.time()
         self.run_already_complete = False
@@ -321,29 +352,26 @@ class GRPOTrainer(TRLContact):
             if problem is not None:
                 raise ValueError(f"resume_from_checkpoint={str(resume_from_checkpoint)!r} is incomplete: {problem}")
         if resume_from_checkpoint:
-            logger.warning(
-                "Resuming from %s (step %d)", resume_from_checkpoint, checkpoint_step(resume_from_checkpoint)
-            )
-        termination = TerminationHandler(self.accelerator)  # SIGTERM: a checkpoint at the step's end, then stop
-        installed = termination.install()
-        if installed:
-            self.add_callback(termination)
+            step = checkpoint_step(resume_from_checkpoint)
+            layout = batch_layout(self.args, self.accelerator.num_processes)
+            problem = layout_problem(str(resume_from_checkpoint), layout, step)
+            if problem is not None and not 0 < self.args.max_steps <= step:  # a finished run trains nothing
+                raise ValueError(problem)
+            logger.warning("Resuming from %s (step %d)", resume_from_checkpoint, step)
+        termination.note_training_started()
+        stopping = TerminationHandler(self.accelerator)  # a stop signal: a checkpoint at the step's end, then stop
+        self.add_callback(stopping)
         try:
-            output = super().train(resume_from_checkpoint, *more, **kwargs)
+            with stop_signals(), finishing("the current step is done and its checkpoint saved", stop_after=False):
+                output = super().train(resume_from_checkpoint, *more, **kwargs)
         except RunAlreadyComplete as complete:
             return self._end_complete_run(complete, start_time)
+        except Stopped as stop:  # a second signal: at once, mid-step
+            raise TrainingTerminated(stop.signal_number, self.state.global_step, self.args.output_dir, True) from None
         finally:
-            if installed:
-                termination.uninstall()
-                self.remove_callback(termination)
-        if termination.received is not None:
-            logger.warning(
-                "Stopped by signal %d (SIGTERM) after step %d, whose checkpoint is saved: %s",
-                termination.received,
-                self.state.global_step,
-                os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"),
-            )
-            raise TrainingTerminated(termination.received, self.state.global_step)
+            self.remove_callback(stopping)
+        if stopping.received is not None:
+            raise TrainingTerminated(stopping.received, self.state.global_step, self.args.output_dir)
         return output
 
     def _end_complete_run(self, complete: RunAlreadyComplete, start_time: float) -> TrainOutput:
@@ -359,13 +387,53 @@ class GRPOTrainer(TRLContact):
         if self.args.max_steps <= 0:
             bound = f"num_train_epochs={self.args.num_train_epochs}: {complete.max_steps} steps"
         logger.warning(
-            "Run already complete at step %d (%s): nothing to train; %s and %s are left as they are",
+            "Run already complete at step %d (%s): nothing to train (%s is of that step)",
             complete.global_step,
             bound,
             complete.checkpoint,
-            self.args.output_dir,
         )
         return TrainOutput(complete.global_step, float("nan"), metrics)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """transformers' `save_model`, written so that a save cut short is never taken for complete
+        (`resume.saved_model`): into a staging folder, then each file moved into `output_dir`; a save that is not a
+        checkpoint's then writes `trl_grpo_ext_model.json` (the files and the step) last. A first stop signal during
+        it waits for the save to finish (`resume.termination.finishing`); after training, a complete checkpoint of
+        the step is then kept too (`save_checkpoint_now`), so that a requeued run finds the step it stopped at.
+
+        Raises:
+            Stopped: a stop signal arrived during the save (after it, unless a second one stopped it at once).
+        """
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        done = f"the model is saved in {output_dir}"
+        with finishing("the model is saved", done, self.args.output_dir, self.state.global_step):
+            staging = os.path.join(output_dir, saved_model.STAGING_NAME)
+            if self.args.should_save:
+                saved_model.clear_staging(output_dir)
+            save_model_files(super().save_model, staging)
+            if self.is_deepspeed_enabled or self.is_fsdp_enabled:  # every process wrote its part
+                self.accelerator.wait_for_everyone()
+            if self.args.should_save:
+                saved_model.move_into_place(output_dir, None if _internal_call else self.state.global_step)
+            if self.args.push_to_hub and not _internal_call:
+                self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+            if termination.received() is not None and not _internal_call and not self.is_in_train:
+                self.save_checkpoint_now()  # the step the run stopped at, for a requeued run
+
+    def save_checkpoint_now(self) -> str | None:
+        """Save a complete checkpoint of the current step into `output_dir` now, as at `save_steps`, unless one is
+        there; its path (None before the first step). For a run stopped after training (the final save, an
+        evaluation), so that a requeued `train(resume_from_checkpoint=True)` finds the last step and the work after
+        training can be done then. A first stop signal during it waits for it."""
+        step = self.state.global_step
+        if step == 0:
+            return None
+        path = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
+        if os.path.isdir(path) and checkpoint_problem(path) is None:
+            return path
+        with finishing(f"the checkpoint of step {step} is saved", stop_after=False):
+            save_checkpoint(self, self.model_wrapped)
+        return path
 
     def hook_get_train_sampler(self, dataset=None):
         self._epoch_sampler = EpochSeededSampler(super().hook_get_train_sampler(dataset))
@@ -386,6 +454,7 @@ class GRPOTrainer(TRLContact):
             self.args.save_total_limit = save_total_limit
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
+            save_layout(checkpoint_dir, batch_layout(self.args, self.accelerator.num_processes))
             write_manifest(checkpoint_dir)
             rotate_checkpoints(run_dir, save_total_limit, self.state.best_model_checkpoint, use_mtime=True)
 

@@ -474,10 +474,11 @@ def test_the_trainer_imports_each_feature_by_name():
 
 
 def _core_modules() -> list[Path]:
-    """The files of the library core (`CORE_MODULES`, `trl_contact.py` or the `trl_contact/` package, and every
-    module of `FEATURE_FOLDERS`); each exists."""
+    """The files of the library core (`CORE_MODULES`, `trl_contact.py` or the `trl_contact/` package, the `resume/`
+    package, and every module of `FEATURE_FOLDERS`); each exists."""
     core = [PACKAGE / name for name in CORE_MODULES]
     core += sorted(PACKAGE.glob("trl_contact*.py")) + sorted(PACKAGE.glob("trl_contact/*.py"))
+    core += sorted(PACKAGE.glob("resume/*.py"))  # a package of the core since issue #71
     core += [path for folder in FEATURE_FOLDERS for path in sorted((PACKAGE / folder).glob("*.py"))]
     assert all(path.is_file() for path in core)
     assert any("trl_contact" in path.relative_to(PACKAGE).parts[0] for path in core)

@@ -118,7 +118,7 @@ def test_a_run_that_ends_without_signal_is_a_finding_though_shorter_than_a_windo
                reward=lambda t: np.where(t > 31, 0.0, -0.4 + 0.01 * t))  # fmt: skip
     [finding] = [f for f in diagnose(rows, ended=True).findings if f.check == "no_signal"]
     assert finding.title.startswith("no learning signal at the end of the run (all-correct)")
-    assert "over steps 32-40" in finding.evidence and finding.step == 40
+    assert "over steps 32-40" in finding.evidence and finding.step == 32  # where the stretch began (issue #71)
     assert checks_found(rows, "no_signal") == []  # not ended: not yet
     assert [f.check for f in diagnose(log(40), ended=True).findings] == []  # the healthy twin
     # the demo itself: the top of the reward range is the length penalty's 0, the accuracy reward is 0: not "solved"
@@ -143,7 +143,8 @@ def test_completions_that_collapse_to_nothing_are_a_finding_with_the_learning_ra
         assert "completions/mean_length [0.4, 0] tokens over steps 2-3" in findings[0].evidence
     collapsed_mid_run = log(60, **{"completions/mean_length": lambda t: np.where(t > 10, 0.5, 40.0)})
     [mid] = checks_found(collapsed_mid_run, "collapse")
-    assert mid.step == 30 and "at the end" not in mid.title  # the first full window of 20 steps: 11-30
+    # found over the first full window of 20 steps, 11-30; it began at 11 (issue #71: the finding said 30)
+    assert mid.step == 11 and "at the end" not in mid.title
 
 
 def test_no_signal_says_all_wrong_and_where_it_starts():
@@ -151,8 +152,9 @@ def test_no_signal_says_all_wrong_and_where_it_starts():
                reward=lambda t: np.where(t > 20, 0.0, 0.2 + 0.01 * t))  # fmt: skip
     [finding] = checks_found(rows, "no_signal")
     assert "all-wrong" in finding.title and finding.subject == "run"
-    # the mean over 40 rows reaches 0.95 at step 58: (2·0.3 + 38·1.0) / 40 = 0.965; at 57, (3·0.3 + 37) / 40 = 0.9475
-    assert finding.step == 58
+    # the mean over 40 rows reaches 0.95 at step 58: (2·0.3 + 38·1.0) / 40 = 0.965; at 57, (3·0.3 + 37) / 40 = 0.9475;
+    # so it is found over steps 19-58, and it began at 21, the first of them without signal (issue #71: it said 58)
+    assert finding.step == 21 and "over steps 19-58" in finding.evidence
     assert "num_generations" in finding.suggestion
     assert "num_generations (now 8)" in checks_found(rows, "no_signal", {"num_generations": 8})[0].suggestion
 
@@ -355,10 +357,10 @@ def test_callback_warns_once_per_finding_at_the_step_the_command_reports(caplog,
                 warned_at[finding.key] = row["step"]
         callback.on_train_end(args, state, None)
     offline = diagnose(rows, {"num_generations": 4}).findings
-    expected = {("truncation", "run"): 40, ("no_signal", "run"): 58}  # 40: the first full 40-step window
+    expected = {("truncation", "run"): 1, ("no_signal", "run"): 21}  # where each began (issue #71)
     assert {f.key: f.step for f in offline} == {f.key: f.step for f in callback.findings} == expected
-    if budget > 1:  # checked at every log: each warned at the log where it first holds
-        assert warned_at == expected
+    if budget > 1:  # checked at every log: each warned at the log where its first window ends
+        assert warned_at == {("truncation", "run"): 40, ("no_signal", "run"): 58}  # 40: the first full window
     else:  # here no training time passes between logs, so the 0.5% budget defers the checks, and nothing is lost
         assert all(warned_at.get(key, 60) >= step for key, step in expected.items())
     warnings = [r.getMessage() for r in caplog.records]
@@ -419,9 +421,9 @@ def test_a_run_without_signal_is_warned_about_while_it_trains(tiny_model_dir, tm
         trainer = _train(tiny_model_dir, tmp_path / "out", constant, run_doctor=True, max_steps=40,
                          per_device_train_batch_size=4, max_completion_length=8)  # fmt: skip
     [callback] = [c for c in trainer.callback_handler.callbacks if isinstance(c, DoctorCallback)]
-    # both hold from the start, so both come at the end of the first 40-step window; the random model's completions
-    # all run to max_completion_length too
-    assert {(f.check, f.step) for f in callback.findings} == {("no_signal", 40), ("truncation", 40)}
+    # both hold from the start (found at the end of the first 40-step window); the random model's completions all
+    # run to max_completion_length too
+    assert {(f.check, f.step) for f in callback.findings} == {("no_signal", 1), ("truncation", 1)}
     assert "no learning signal (constant)" in caplog.text and "check that the reward functions" in caplog.text
 
 

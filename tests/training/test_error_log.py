@@ -63,18 +63,53 @@ def test_a_reward_functions_error_at_step_1_is_one_line_naming_the_log(tmp_path,
     stderr = capsys.readouterr().err
     assert "Traceback" not in stderr
     assert entry_lines(stderr, "math_gsm8k.py") == [
-        f"math_gsm8k.py: error: exploding_reward: a completion it cannot score (full traceback: {out}/error.log)"
+        f"math_gsm8k.py: error: reward function 'exploding_reward' raised ValueError at step 1: exploding_reward: a "
+        f"completion it cannot score (full traceback: {out}/error.log); no complete checkpoint in {out} "
+        "(save_strategy / save_steps set when one is written): run the same command again to start over"
     ]
     assert_error_log(out / "error.log", "exploding_reward", "ValueError: exploding_reward: a completion it cannot")
 
 
-def test_a_bug_in_training_keeps_its_traceback_which_names_the_log(tmp_path, monkeypatch):
-    monkeypatch.setitem(REWARD_FUNCS, "buggy_reward", buggy_reward)
+def test_a_reward_function_raising_mid_run_is_one_line_with_the_checkpoint_to_resume(tmp_path, monkeypatch, capsys):
+    """Issue #71, item 4: a reward function's exception (the user's code, of any type) at step 2 printed a 76-line
+    traceback and no resume hint; Ctrl-C gives one."""
+
+    def buggy_at_step_2(completions, trainer_state, **kwargs):
+        if trainer_state.global_step == 1:
+            return buggy_reward(completions)
+        return [0.0] * len(completions)
+
+    monkeypatch.setitem(REWARD_FUNCS, "buggy_at_step_2", buggy_at_step_2)
     out = tmp_path / "run"
-    with pytest.raises(RuntimeError, match="buggy_reward: a bug") as raised:
-        load_recipe("math_gsm8k").cli(demo_argv(out, "buggy_reward"))
-    assert raised.value.__notes__ == [f"full traceback and versions: {out}/error.log"]
+    argv = demo_argv(out, "buggy_at_step_2", "--max_steps", "3", "--save_strategy", "steps", "--save_steps", "1")
+    assert load_recipe("math_gsm8k").cli(argv) == 1
+    stderr = capsys.readouterr().err
+    assert "Traceback" not in stderr
+    python = errors.script_command(str(REPO_ROOT / "recipes" / "math_gsm8k.py"))
+    assert entry_lines(stderr, "math_gsm8k.py") == [
+        f"math_gsm8k.py: error: reward function 'buggy_at_step_2' raised RuntimeError at step 2: buggy_reward: a bug "
+        f"(full traceback: {out}/error.log); the last complete checkpoint is {out}/checkpoint-1 (step 1); resume "
+        f"with: {' '.join(python)} {' '.join(argv)} --resume_from_checkpoint true"
+    ]
     assert_error_log(out / "error.log", "buggy_reward", "RuntimeError: buggy_reward: a bug")
+
+
+def test_a_bug_in_training_keeps_its_traceback_which_names_the_log(tmp_path, monkeypatch):
+    from trl_grpo_ext import GRPOTrainer
+
+    def buggy_step(self, *args, **kwargs):
+        raise RuntimeError("a bug in a training step")
+
+    monkeypatch.setattr(GRPOTrainer, "training_step", buggy_step)
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="a bug in a training step") as raised:
+        load_recipe("math_gsm8k").cli(demo_argv(out, "gsm8k_format"))
+    assert raised.value.__notes__ == [
+        f"full traceback and versions: {out}/error.log",
+        f"no complete checkpoint in {out} (save_strategy / save_steps set when one is written): run the same "
+        "command again to start over",
+    ]
+    assert_error_log(out / "error.log", "buggy_step", "RuntimeError: a bug in a training step")
 
 
 @pytest.mark.parametrize(
@@ -118,10 +153,51 @@ def test_the_grpo_command_names_the_log_of_an_error_in_training(tmp_path, tiny_m
     stderr = capsys.readouterr().err
     assert "Traceback" not in stderr
     assert entry_lines(stderr, "trl-grpo-ext grpo") == [
-        f"trl-grpo-ext grpo: error: exploding_reward: cannot score (full traceback: {out}/error.log)"
+        f"trl-grpo-ext grpo: error: reward function 'exploding_reward' raised ValueError at step 1: exploding_reward: "
+        f"cannot score (full traceback: {out}/error.log); no complete checkpoint in {out} (save_strategy / "
+        "save_steps set when one is written): run the same command again to start over"
     ]
     assert_error_log(out / "error.log", "exploding_reward", "ValueError: exploding_reward: cannot score")
     sys.modules.pop("exploding_rewards", None)
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("my_rewards.nope", "reward_funcs: 'my_rewards' ({folder}/my_rewards.py) has no 'nope'; its functions: score"),
+        ("my_rewards.scor", "reward_funcs: 'my_rewards' ({folder}/my_rewards.py) has no 'scor' (did you mean "
+                            "`score`?)"),
+        ("nomodule.fn", "reward_funcs: no module 'nomodule' for 'nomodule.fn': give a Python file nomodule.py in the "
+                        "working folder ({folder}) or a module on the Python path, as module.function"),
+        ("my_rewards.WEIGHT", "reward_funcs: 'my_rewards.WEIGHT' is a float, not a function"),
+        ("broken_rewards.score", "reward_funcs: importing 'broken_rewards' for 'broken_rewards.score' failed: "
+                                 "ZeroDivisionError: division by zero"),
+    ],
+    ids=["no-function", "typo", "no-module", "not-a-function", "module-raises"],
+)  # fmt: skip
+def test_a_reward_function_path_that_does_not_import_is_one_line_first(tmp_path, monkeypatch, capsys, path, message):
+    """Issue #71, item 4: TRL's script imported the path with the model still to load, and a typo gave a 16-22 line
+    traceback. The model folder here cannot load (an empty config.json): the line comes first."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for module in ("my_rewards", "broken_rewards", "nomodule"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    (tmp_path / "my_rewards.py").write_text("WEIGHT = 0.5\n\n\ndef score(completions, **kwargs):\n    return [0.0]\n")
+    (tmp_path / "broken_rewards.py").write_text("1 / 0\n")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text('{"prompt": "1+1?"}\n')
+    argv = ["grpo", "--model_name_or_path", str(tmp_path / "model"), "--dataset_name", str(tmp_path / "data"),
+            "--reward_funcs", path, "--num_generations", "4", "--per_device_train_batch_size", "4", "--output_dir",
+            str(tmp_path / "out"), "--use_cpu", "true", "--bf16", "false", "--report_to", "none"]  # fmt: skip
+    assert cli.main(argv) == 1
+    stderr = capsys.readouterr().err
+    assert "Traceback" not in stderr
+    assert entry_lines(stderr, "trl-grpo-ext grpo") == [
+        f"trl-grpo-ext grpo: error: {message.format(folder=tmp_path)} (run with --debug for the traceback)"
+    ]
+    assert not (tmp_path / "out").exists()
 
 
 def test_each_process_writes_its_own_log_and_a_log_that_cannot_be_written_changes_nothing(tmp_path, monkeypatch):

@@ -142,8 +142,20 @@ def test_every_default_transformers_fills_is_set_and_written_to_the_results(tiny
     model, tokenizer = load(with_generation_config(tiny_model_dir, tmp_path, CHECKPOINT_SAMPLING))
     dataset = Dataset.from_list([{"prompt": p, "answer": "5"} for p in PROMPTS])
     results = evaluate_gsm8k(model, tokenizer, dataset, max_new_tokens=7, maj_k=4, seed=3, progress=False)
-    assert results["generation"] == {"greedy": greedy, "maj@4": {**sampling, "seed": 3}}
+    recorded = results["generation"]
+    assert set(recorded) == {"greedy", "maj@4"} and recorded["maj@4"]["seed"] == 3
+    for record, settings in ((recorded["greedy"], greedy), (recorded["maj@4"], sampling)):
+        assert {name: record[name] for name in settings} == settings
+        # issue #71: all that generate is given, the token ids and the settings left at None too
+        assert record["eos_token_id"] == eval_generation.stop_token_ids(model, tokenizer)
+        assert record["pad_token_id"] == tokenizer.pad_token_id
+        assert record["bos_token_id"] == model.generation_config.bos_token_id
+        assert {name: record[name] for name in ("min_p", "stop_strings", "top_h")} == dict.fromkeys(
+            ("min_p", "stop_strings", "top_h")
+        )
+        assert record == {**eval_generation.generation_record(GenerationConfig(**record)), **record}
     saved = json.loads(Path(write_results(results, str(tmp_path / "out"))).read_text())
+    assert saved["generation"] == recorded
     assert saved["generation"]["greedy"]["repetition_penalty"] == 1.0  # not the checkpoint's 2.0
 
 
@@ -250,4 +262,9 @@ def test_recipe_end_of_run_evaluation_prints_progress_and_its_settings(tmp_path,
     assert "Evaluation, greedy: 3/3 problems, " in printed
     saved = json.loads((out / "eval_results.json").read_text())
     max_new_tokens = recipe.make_parser().parse_args_and_config(argv)[1].max_completion_length  # the recipe's
-    assert saved["generation"] == results["generation"] == {"greedy": decoding_settings(max_new_tokens, 0.0)}
+    assert saved["generation"] == results["generation"]
+    greedy = saved["generation"]["greedy"]
+    assert {name: greedy[name] for name in decoding_settings(max_new_tokens, 0.0)} == decoding_settings(
+        max_new_tokens, 0.0
+    )
+    assert greedy["eos_token_id"] and "pad_token_id" in greedy and "stop_strings" in greedy

@@ -19,6 +19,12 @@ from trl_grpo_ext.gsm8k.evaluation import (
 )
 
 
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    """The tiny model and tokenizer, for the evaluations whose generation a test fixes (its token ids are recorded)."""
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
 @pytest.mark.parametrize(
     ("completions", "expected"),
     [
@@ -34,7 +40,7 @@ def test_majority_answer(completions, expected):
     assert majority_answer(completions) == expected
 
 
-def test_evaluate_gsm8k_figures_by_hand(monkeypatch):
+def test_evaluate_gsm8k_figures_by_hand(monkeypatch, tiny):
     """4 problems with fixed completions. Greedy: boxed right, unboxed right, boxed wrong, nothing.
     strict = 1/4 (only the first), lenient = 2/4. maj@3 votes: 5 (right), 2 (right), 9 (wrong), none -> 2/4."""
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"q{i}"}], "answer": a} for i, a in
@@ -47,7 +53,7 @@ def test_evaluate_gsm8k_figures_by_hand(monkeypatch):
         return greedy if num_samples == 1 else sampled
 
     monkeypatch.setattr(evaluation, "generate", fake_generate)
-    results = evaluate_gsm8k(None, None, dataset, maj_k=3)
+    results = evaluate_gsm8k(*tiny, dataset, maj_k=3)
     assert (results["strict_accuracy"], results["lenient_accuracy"], results["maj@3"]) == (0.25, 0.5, 0.5)
     assert [s["strict"] for s in results["samples"]] == [1.0, 0.0, 0.0, 0.0]
     assert [s["lenient"] for s in results["samples"]] == [1.0, 1.0, 0.0, 0.0]
@@ -56,14 +62,14 @@ def test_evaluate_gsm8k_figures_by_hand(monkeypatch):
     assert results["empty_completions"] == 0.0 and collapse_warning(results) is None
 
 
-def test_an_evaluation_of_empty_completions_warns_that_the_model_collapsed(monkeypatch):
+def test_an_evaluation_of_empty_completions_warns_that_the_model_collapsed(monkeypatch, tiny):
     """Issue #30: a model wrecked by its training answers with nothing; 3 of 4 empty (one blank) is a warning that
     names the learning rate, 1 of 4 is not. Issue #72: an untrained model gives no answer either, so the line tells
     the two apart by the model before training, or says how to when that was not measured."""
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"q{i}"}], "answer": "1"} for i in range(4)])
     for greedy, share in (([[""], [" \n"], [""], ["1"]], 0.75), ([[""], ["2"], ["3"], ["\boxed{1}"]], 0.25)):
         monkeypatch.setattr(evaluation, "generate", lambda *args, greedy=greedy, **kwargs: greedy)
-        results = evaluate_gsm8k(None, None, dataset)
+        results = evaluate_gsm8k(*tiny, dataset)
         assert results["empty_completions"] == share
         assert dict(line.split() for line in format_table(results).splitlines()[2:])["empty_completions"] == (
             f"{100 * share:.1f}%"
@@ -90,7 +96,7 @@ def test_an_evaluation_of_empty_completions_warns_that_the_model_collapsed(monke
     )
 
 
-def test_results_keep_every_completion_with_its_question_answer_and_score(monkeypatch, tmp_path):
+def test_results_keep_every_completion_with_its_question_answer_and_score(monkeypatch, tmp_path, tiny):
     """The same 4 problems: each record holds the question, the gold answer, the greedy completion with what was read
     from it, and the 3 maj@3 samples, each with its lenient answer and whether it is right; the JSON keeps it all."""
     dataset = Dataset.from_list([{"prompt": [{"role": "system", "content": "Think."}, {"role": "user", "content":
@@ -102,7 +108,7 @@ def test_results_keep_every_completion_with_its_question_answer_and_score(monkey
         return greedy if num_samples == 1 else sampled
 
     monkeypatch.setattr(evaluation, "generate", fake_generate)
-    results = evaluate_gsm8k(None, None, dataset, maj_k=3)
+    results = evaluate_gsm8k(*tiny, dataset, maj_k=3)
 
     records = results["samples"]
     assert [r["question"] for r in records] == ["q0", "q1", "q2", "q3"]  # the user message, not the system prompt
@@ -128,10 +134,10 @@ def test_results_keep_every_completion_with_its_question_answer_and_score(monkey
     assert json.loads(Path(path).read_text()) == results  # nothing is dropped on the way to the file
 
 
-def test_results_without_maj_k_have_no_vote_records(monkeypatch):
+def test_results_without_maj_k_have_no_vote_records(monkeypatch, tiny):
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": "q"}], "answer": "3"}])
     monkeypatch.setattr(evaluation, "generate", lambda *args, **kwargs: [["\\boxed{3}"]])
-    (record,) = evaluate_gsm8k(None, None, dataset)["samples"]
+    (record,) = evaluate_gsm8k(*tiny, dataset)["samples"]
     assert record == {
         "question": "q", "answer": "3", "completion": "\\boxed{3}", "strict_answer": "3", "lenient_answer": "3",
         "strict": 1.0, "lenient": 1.0,
@@ -220,11 +226,11 @@ def test_majority_answer_reads_numbers_in_latex_and_markdown(completions, expect
     assert majority_answer(completions) == expected
 
 
-def test_lenient_accuracy_reads_latex_thousands(monkeypatch):
+def test_lenient_accuracy_reads_latex_thousands(monkeypatch, tiny):
     """Greedy completions with the answer only in running text: strict 0/2, lenient 2/2 (was 0/2: "9" and "5")."""
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"q{i}"}], "answer": a} for i, a in
                                  enumerate(["9500", "42"])])  # fmt: skip
     greedy = [["The answer is $9{,}500$."], ["We have 5 apples, so the total is $$42$$"]]
     monkeypatch.setattr(evaluation, "generate", lambda *args, **kwargs: greedy)
-    results = evaluate_gsm8k(None, None, dataset)
+    results = evaluate_gsm8k(*tiny, dataset)
     assert (results["strict_accuracy"], results["lenient_accuracy"]) == (0.0, 1.0)

@@ -269,6 +269,24 @@ def test_nonfinite_step_is_skipped_and_training_goes_on(tiny_model_dir, tmp_path
     assert any(not torch.equal(final[n].detach(), params_after[n]) for n in params_after)  # step 3 trained
 
 
+def test_a_skipped_step_leaves_the_learning_rate_schedule_where_it_is(tiny_model_dir, tmp_path):
+    """Issue #71 (carried over from #59's notes): the non-finite guard skipped the update but the schedule advanced
+    a step, while under DeepSpeed (and torch's loss scaler) a skipped step leaves it where it is: transformers steps
+    the scheduler unless accelerate reports the step skipped. Now the guard reports it: a linear schedule over 4
+    steps gives step 3 the rate of step 2."""
+    trainer = _trainer(tmp_path, tiny_model_dir, _TamperedTrainer, factors={1: math.nan}, grad_reg=["skip_nonfinite"],
+                       lr_scheduler_type="linear", max_steps=4)  # fmt: skip
+    trainer.train()
+    rates = {row["step"]: row["learning_rate"] for row in _rows(trainer, "learning_rate")}
+    reference = _trainer(tmp_path / "reference", tiny_model_dir, lr_scheduler_type="linear", max_steps=4)
+    reference.train()
+    expected = {row["step"]: row["learning_rate"] for row in _rows(reference, "learning_rate")}
+    # each step logs the rate it was taken at: after the skipped step 2 the schedule has not moved, so step 3 gets
+    # step 2's rate (it got step 3's, 0.005 of 0.01 -> 0 over 4 steps, before)
+    assert rates == {1: expected[1], 2: expected[2], 3: expected[2], 4: expected[3]}
+    assert expected[2] > expected[3]
+
+
 def _with_loss_scaler(trainer, monkeypatch, init_scale: float) -> torch.amp.GradScaler:
     """A real torch GradScaler in the trainer's accelerator, as accelerate installs one for fp16 on CUDA (it scales
     the loss in `backward`, and the prepared optimizer steps through it); `unscale_gradients` unscales through it, as

@@ -89,7 +89,7 @@ def test_recipe_end_to_end_on_real_gsm8k(gsm8k_dir, tmp_path):
 
 def test_relaunching_a_finished_recipe_run_changes_nothing(tmp_path, capsys):
     """A requeued job: the recipe run again with --resume_from_checkpoint true after it finished neither trains nor
-    overwrites the saved model, the metrics, the plots or eval_results.json, and says the run is complete."""
+    overwrites the saved model, the metrics, the plots or eval_results.json, and says there is nothing left to do."""
     recipe = load_recipe("math_gsm8k")
     out = tmp_path / "run"
     argv = [
@@ -97,14 +97,23 @@ def test_relaunching_a_finished_recipe_run_changes_nothing(tmp_path, capsys):
         "16", "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "2", "--eval_limit", "2",
     ]  # fmt: skip
     recipe.main(*recipe.make_parser().parse_args_and_config(argv))
-    names = {"model.safetensors", "eval_results.json", "training_metrics.jsonl", "training_curves.png", "checkpoint-2"}
+    names = {
+        "model.safetensors",
+        "eval_results.json",
+        "training_metrics.jsonl",
+        "training_curves.png",
+        "checkpoint-2",
+        "trl_grpo_ext_model.json",
+    }
     assert names <= {p.name for p in out.iterdir()}
     before = {str(p): (p.stat().st_mtime_ns, p.read_bytes()) if p.is_file() else None for p in out.rglob("*")}
     capsys.readouterr()
 
     results = recipe.main(*recipe.make_parser().parse_args_and_config([*argv, "--resume_from_checkpoint", "true"]))
     assert results == {}
-    assert "Run already complete at step 2: nothing saved or evaluated" in capsys.readouterr().out
+    assert "Run already complete at step 2: its final model and evaluation are written; nothing to do" in (
+        capsys.readouterr().out
+    )
     assert {str(p): (p.stat().st_mtime_ns, p.read_bytes()) if p.is_file() else None for p in out.rglob("*")} == before
 
 

@@ -20,6 +20,7 @@ import trl_grpo_ext.trainer
 from tests.resume_check import TIMING_KEYS, build_trainer, check_resume, compare, run_phase, start_phase
 from tests.two_process import resume_diff, two_process
 from trl_grpo_ext.resume import (
+    LAYOUT_NAME,
     MANIFEST_NAME,
     EpochSeededSampler,
     checkpoint_problem,
@@ -259,6 +260,39 @@ def test_no_complete_checkpoint_is_a_clear_error(tmp_path, tiny_model_dir):
     # a path with nothing there is not "incomplete" (issue #30's fresh-user check): it is not a folder
     with pytest.raises(ValueError, match=r"checkpoint-99' is not a folder; give a checkpoint-N folder"):
         trainer.train(resume_from_checkpoint=str(tmp_path / "empty" / "checkpoint-99"))
+
+
+@pytest.mark.parametrize(
+    ("change", "effect"),
+    [
+        ({"num_generations": 6}, "num_generations 4 -> 6): transformers counts the 3 steps done as 2 prompts each "
+                                 "where they took 3, so it skips the wrong part of the data (about 3 prompts trained "
+                                 "again)"),
+        ({"per_device_train_batch_size": 24}, "per_device_train_batch_size 12 -> 24, generation_batch_size 12 -> 24): "
+                                              "transformers counts the 3 steps done as 6 prompts each where they took "
+                                              "3, so it skips the wrong part of the data (about 9 prompts skipped)"),
+    ],
+    ids=["num_generations", "batch size"],
+)  # fmt: skip
+def test_resuming_with_another_batch_layout_is_refused_naming_what_changed(tmp_path, default_run, tiny_model_dir,
+                                                                           change, effect):  # fmt: skip
+    """Issue #71, item 5 (transformers PR #43718, inherited from stock TRL): resumed with another num_generations or
+    batch size, transformers skips the steps done counted at the new layout, and prompts were silently skipped or
+    trained twice. The checkpoint records its layout; a resume with another one is a ValueError before anything is
+    loaded from it."""
+    out = _copy_of(default_run, tmp_path / "run")
+    checkpoint = out / "checkpoint-3"
+    trainer, _ = build_trainer(change, tiny_model_dir, str(out))
+    with pytest.raises(ValueError) as raised:
+        trainer.train(resume_from_checkpoint=str(checkpoint))
+    assert str(raised.value) == (
+        f"resume_from_checkpoint='{checkpoint}' was saved with another batch layout ({effect}, and the saved "
+        f"generation batch no longer fits; resume with the checkpoint's settings "
+        f"({', '.join(f'{name}={json.loads((checkpoint / LAYOUT_NAME).read_text())[name]}' for name in change)}"
+        f"{', generation_batch_size=12' if 'per_device_train_batch_size' in change else ''}), or start a new run from "
+        f"its weights (model_name_or_path='{checkpoint}', without resume_from_checkpoint)"
+    )
+    assert trainer.state.global_step == 0  # nothing was loaded
 
 
 def test_manifest_lists_every_file_with_its_size(tmp_path):

@@ -36,7 +36,12 @@ OURS = {
 # the entropy controllers' gain keeps their coefficients below the maximum 1, so they carry the measured entropies
 # (clipped at 1 they could not show a split difference, and a bonus 10x the policy loss magnifies Adam's rounding)
 GROUPED = dict(policy_group_column="difficulty", remove_unused_columns=False, entropy_target=8.0,
-               entropy_target_per_group=True, entropy_pi_kp=0.5, kl_target=1e-4, kl_horizon=64)  # fmt: skip
+               entropy_target_per_group=True, entropy_pi_kp=0.5, kl_target=1e-4, kl_horizon=64,
+               prompt_skip=True, grad_reg=["zclip", "agc"], zclip_warmup_steps=2)  # fmt: skip
+# the step's metrics a feature logs, the same however the step is split (issue #71: the loss parts were the last
+# micro-batch's share, 1/4 of the step's at 4x4)
+STEP_METRICS = ("loss", "loss/policy", "loss/entropy_reg", "entropy_reg/advantage_shift", "entropy_reg/clipped_frac",
+                "entropy_reg/penalized_frac", "grad_reg/agc_clipped_frac")  # fmt: skip
 
 
 # Slack for rounding, whose size jumps with the run rather than growing with a split dependence: stock TRL with a
@@ -128,6 +133,13 @@ def test_splits_give_the_same_run(mode, trl_runs, tiny_model_dir, tmp_path):
         _assert_same_state(reference.policy_groups.state_dict(), trainer.policy_groups.state_dict(), "policy_groups")
         _assert_same_state(reference.entropy_reg_state.state_dict(), trainer.entropy_reg_state.state_dict(), "entropy")
         _assert_same_state(reference.grad_reg_state.state_dict(), trainer.grad_reg_state.state_dict(), "grad_reg")
+        _assert_same_state(_logged(reference), _logged(trainer), "logged")
+
+
+def _logged(trainer) -> dict:
+    """The `STEP_METRICS` a run logged, by step."""
+    rows = [row for row in trainer.state.log_history if "loss" in row]
+    return {row["step"]: {name: row[name] for name in STEP_METRICS if name in row} for row in rows}
 
 
 def test_a_step_over_two_generation_batches_draws_the_same_tokens(tiny_model_dir, tmp_path):

@@ -326,7 +326,9 @@ def test_trl_counts_of_zero_are_refused_before_trl_divides_by_them(name):
     another field; now a ValueError names the field and the value at config time."""
     with pytest.raises(ValueError, match=rf"^{name} must be .*, got 0$"):
         GRPOConfig(output_dir="/tmp/unused", use_cpu=True, bf16=False, **{name: 0})
-    with pytest.raises(ValueError, match=r"^temperature must be > 0 .*, got 0.0$"):
+    with pytest.raises(
+        ValueError, match=r"^temperature \(the sampling temperature\) must be a finite number > 0, got 0.0$"
+    ):
         GRPOConfig(output_dir="/tmp/unused", use_cpu=True, bf16=False, temperature=0.0)
 
 

@@ -155,6 +155,61 @@ TABLE = [
     ("text_answer_sentence", "The answer is 42, which is even.", "42", 1, 0, "unboxed"),
     ("text_change_from_to", "It went from 30 to 42", "42", 1, 0, "unboxed"),  # a change, not a range
     ("text_final_answer_math", "The final answer is $42$", "42", 1, 0, "anchored"),
+    # issue #71: running text read as written. The 24 forms paid for gold 42 before: hedges and formulas
+    ("text_power", "The answer is 42^2", "42", 0, 0, None),  # was 1.0
+    ("text_touching_variable", "42x", "42", 0, 0, None),  # was 1.0
+    ("text_sqrt_call", "sqrt(42)", "42", 0, 0, None),  # was 1.0
+    ("text_log_call", "log(42)", "42", 0, 0, None),  # was 1.0
+    ("text_squared", "42 squared", "42", 0, 0, None),  # was 1.0
+    ("text_scientific", "42e3", "42", 0, 0, None),  # was 1.0
+    ("text_could_be_twice", "Could be 41. Could be 42.", "42", 0, 0, None),  # was 1.0
+    ("text_two_lines", "41\n42", "42", 0, 0, None),  # was 1.0
+    ("text_two_questions", "41? 42?", "42", 0, 0, None),  # was 1.0
+    ("text_options_on_lines", "A) 41\nB) 42", "42", 0, 0, None),  # was 1.0
+    ("text_maybe_after", "42 (maybe)", "42", 0, 0, None),  # was 1.0
+    # ... and more of each class
+    ("text_answer_is_touching_variable", "The answer is 42x.", "42", 0, 0, None),
+    ("text_power_first", "2^42", "42", 0, 0, None),
+    ("text_root_sign", "\u221a42", "42", 0, 0, None),
+    ("text_ln_space", "ln 42", "42", 0, 0, None),
+    ("text_min_call", "min(41, 42)", "42", 0, 0, None),
+    ("text_cubed", "The answer is 42 cubed.", "42", 0, 0, None),
+    ("text_root_in_words", "the square root of 42", "42", 0, 0, None),
+    ("text_raised_to", "42 raised to the power of 2", "42", 0, 0, None),
+    ("text_maybe_before", "Maybe 42.", "42", 0, 0, None),
+    ("text_might_be", "It might be 42.", "42", 0, 0, None),
+    ("text_probably_answer_is", "Probably the answer is 42.", "42", 0, 0, None),
+    ("text_i_think_after", "42, I think.", "42", 0, 0, None),
+    ("text_ish", "42-ish", "42", 0, 0, None),
+    ("text_question", "Is it 42?", "42", 0, 0, None),
+    ("text_numbered_lines", "1. 41\n2. 42", "42", 0, 0, None),
+    ("text_parenthesized_options", "(a) 41\n(b) 42", "42", 0, 0, None),
+    ("text_options_on_one_line", "A) 41 B) 42", "42", 0, 0, None),
+    # ... while one value stays an answer
+    ("text_could_in_working", "She could be 3 years older, so the total is 42.", "42", 1, 0, "unboxed"),
+    ("text_working_then_value_line", "Step 2: 40 + 2 = 42\n42", "42", 1, 0, "unboxed"),
+    ("text_same_value_twice", "42\n42", "42", 1, 0, "unboxed"),
+    ("text_exclamation", "The answer is 42!", "42", 1, 0, "unboxed"),
+    ("text_degree", r"$42^\circ$", "42", 1, 0, "unboxed"),
+    ("text_anchored_then_check", "The answer is 42, since 6 * 7 = 42 and 40 + 2 = 42.", "42", 1, 0, "unboxed"),
+    # signs as written (allenai/open-instruct PR #1530): "+42" fell back to the "1" of "Step 1"
+    ("sign_plus", "The answer is +42.", "42", 1, 0, "unboxed"),  # was 0.0
+    ("sign_plus_no_fallback", "The answer is +42.", "40", 0, 0, None),  # was 1.0: the "40" before it
+    ("sign_plus_first", "+42", "42", 1, 0, "unboxed"),
+    ("sign_plus_math", "$+42$", "42", 1, 0, "unboxed"),
+    ("sign_spaced_minus", "The answer is - 42", "42", 0, 0, None),  # was 1.0
+    ("sign_spaced_minus_value", "The answer is - 42", "-42", 1, 0, "unboxed"),  # was 0.0
+    ("sign_named_spaced_minus", "x = - 42", "42", 0, 0, None),  # was 1.0
+    ("sign_named_spaced_minus_value", "x = - 42", "-42", 1, 0, "unboxed"),  # was 0.0
+    ("sign_colon_spaced_minus", "Answer: - 42", "-42", 1, 0, "unboxed"),
+    ("sign_binary_minus", "It is 50 - 8", "42", 1, 0, "unboxed"),  # a difference, not a sign
+    ("sign_variable_minus", "x - 42", "-42", 0, 0, None),  # a variable minus 42
+    ("sign_markdown_bullet", "Answer:\n- 42", "42", 1, 0, "unboxed"),  # a list's mark, not a sign
+    # a number that fails to parse never falls back to an earlier one ("40 in all" in the reasoning)
+    ("no_fallback_letter", "The answer is x42.", "40", 0, 0, None),
+    ("no_fallback_label", "The answer is No.42", "40", 0, 0, None),
+    ("no_fallback_superscript", "The answer is \u2074\u00b2.", "40", 0, 0, None),
+    ("no_fallback_doubled_sign", "The answer is ++42", "40", 0, 0, None),
 ]
 
 

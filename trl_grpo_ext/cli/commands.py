@@ -23,6 +23,7 @@ versions to `<output_dir>/error.log`, which the line names (a bug's traceback is
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -53,10 +54,52 @@ def _grpo(argv: list[str]) -> int:
         quantized=model_args.load_in_4bit or model_args.load_in_8bit,
         reward_funcs=script_args.reward_funcs or (),
     )
+    for name in script_args.reward_funcs or []:
+        if "." in name:  # a module.function path: TRL's script imports it (its own names have no dot)
+            check_reward_function_path(name)
     # An error in the training loop (a reward function's, hours in): its traceback in <output_dir>/error.log.
     with errors.training_errors(training_args.output_dir):
         grpo.main(script_args, training_args, model_args, dataset_args)
     return 0
+
+
+def check_reward_function_path(path: str) -> None:
+    """Import the reward function `path` ("my_rewards.score") as TRL's `grpo` script does, from the working folder
+    first, before anything else loads; the module stays imported, so the script's own import finds it.
+
+    Raises:
+        ValueError: one line naming the path and what is wrong: no such module (where it was looked for), an error
+            raised while importing it (its type and message), no such name in it (with the closest one), or a
+            name that is not a function.
+    """
+    import importlib
+    import inspect
+
+    module_name, function = path.rsplit(".", 1)
+    where = f"a Python file {module_name.replace('.', '/')}.py in the working folder ({os.getcwd()}) or a module"
+    sys.path.insert(0, os.getcwd())  # as TRL's script does
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name is not None and module_name.startswith(error.name):
+            raise ValueError(f"reward_funcs: no module {error.name!r} for {path!r}: give {where} on the "
+                             f"Python path, as module.function") from None  # fmt: skip
+        raise ValueError(f"reward_funcs: importing {module_name!r} for {path!r} failed: {error}") from None
+    except Exception as error:  # noqa: BLE001 - the user's module: any error in it is the line
+        raise ValueError(f"reward_funcs: importing {module_name!r} for {path!r} failed: "
+                         f"{type(error).__name__}: {error}") from None  # fmt: skip
+    finally:
+        sys.path.remove(os.getcwd())
+    found = getattr(module, function, None)
+    if found is None:
+        names = [
+            name for name, value in vars(module).items() if inspect.isfunction(value) and not name.startswith("_")
+        ]
+        known = errors.did_you_mean(function, names) or f"; its functions: {', '.join(names) or 'none'}"
+        raise ValueError(f"reward_funcs: {module_name!r} ({getattr(module, '__file__', module_name)}) has no "
+                         f"{function!r}{known}")  # fmt: skip
+    if not callable(found):
+        raise ValueError(f"reward_funcs: {path!r} is a {type(found).__name__}, not a function")
 
 
 def _tiny_model(argv: list[str]) -> int:
@@ -225,4 +268,5 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    return errors.run(COMMANDS[command], rest, prog=f"trl-grpo-ext {command}", debug=debug)
+    return errors.run(COMMANDS[command], rest, prog=f"trl-grpo-ext {command}", debug=debug,
+                      command=["trl-grpo-ext", command], trains=command == "grpo")  # fmt: skip

@@ -160,6 +160,25 @@ def quiet_script_start(argv: Iterable[str] | None = None) -> None:
     quiet_start(pop_debug_flag(sys.argv[1:] if argv is None else argv)[1] or debug_from_env())
 
 
+# where a stop signal found an entry point that trains, before its training began
+BEFORE_TRAINING = " before training started: nothing was trained or saved; run the same command again"
+
+
+def stop_while_starting(prog: str, trains: bool = False) -> None:
+    """For a script run as `__main__`, called before its imports: SIGTERM or Ctrl-C during them prints `<prog>:
+    stopped by SIGTERM` (with `trains`: "... before training started: nothing was trained or saved") and exits at
+    once with 128 + the signal, as nothing is under way to keep. `run` replaces the handler with its own."""
+    before = BEFORE_TRAINING if trains else ""
+
+    def stop(number, frame):
+        how = "interrupted" if number == signal.SIGINT else f"stopped by {signal.Signals(number).name}"
+        os.write(2, f"{prog}: {how}{before}\n".encode())
+        raise SystemExit(128 + number)  # out of the imports under way; Python prints nothing for it
+
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, stop)
+
+
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """The suffix ` (did you mean `close`?)` for the closest of `known` to `name` (difflib), or "" if none is close."""
     close = difflib.get_close_matches(name, list(known), n=1)
@@ -378,45 +397,79 @@ def one_line(error: BaseException) -> str:
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM during training, raised by an entry point from the `KeyboardInterrupt` so that `run` can say
-    where the run stopped, which checkpoint is complete and the command that resumes from it.
+    """Ctrl-C or a stop signal during training, raised by an entry point from the `KeyboardInterrupt` that ended
+    `train` (a `resume.TrainingTerminated`, or a plain one), so that `run` can say where the run stopped, which
+    checkpoint is complete and the command that resumes from it.
 
     Args:
         output_dir: the run's output folder.
         step: the last optimizer step completed.
-        script: the entry point's script (its `__file__`), shown relative to the working folder when inside it.
-        signal_number: the signal that stopped the run: SIGINT (Ctrl-C), or SIGTERM (`resume.TrainingTerminated`:
-            a checkpoint of `step` was saved first).
+        interrupt: what ended training: its `signal_number` (SIGINT when it has none) and `at_once`.
     """
 
-    def __init__(self, output_dir: str, step: int, script: str, signal_number: int = signal.SIGINT):
+    def __init__(self, output_dir: str, step: int, interrupt: BaseException | None = None):
         super().__init__(output_dir, step)
-        self.output_dir, self.step, self.signal_number = output_dir, step, signal_number
-        relative = os.path.relpath(script)
-        self.script = script if relative.startswith("..") else relative
+        self.output_dir, self.step = output_dir, step
+        self.signal_number = getattr(interrupt, "signal_number", signal.SIGINT)
+        self.at_once = getattr(interrupt, "at_once", False)
 
-    def resume_hint(self, argv: list[str]) -> str:
-        """ " at step N; ...": the newest complete checkpoint and the command that resumes from it (`argv` with
-        `--resume_from_checkpoint true`), or that none was saved."""
-        from ..resume import checkpoint_step, last_complete_checkpoint
 
-        path, _ = last_complete_checkpoint(self.output_dir)
-        if path is None:
-            return (f" at step {self.step}; no complete checkpoint in {self.output_dir} (save_strategy / save_steps "
-                    f"set when one is written): run the same command again to start over")  # fmt: skip
-        kept, skip = [], False
-        for arg in argv:  # without an earlier --resume_from_checkpoint VALUE (or =VALUE)
-            if skip:
-                skip = False
-            elif arg == "--resume_from_checkpoint":
-                skip = True
-            elif not arg.startswith("--resume_from_checkpoint="):
-                kept.append(arg)
-        python = os.path.relpath(sys.executable)  # the interpreter that ran it (a venv's), as the doctor's hint does
-        python = python if not python.startswith("..") and os.sep in python else "python"
-        command = shlex.join([python, self.script, *kept, "--resume_from_checkpoint", "true"])
-        return (f" at step {self.step}; the last complete checkpoint is {path} (step {checkpoint_step(path)}); "
-                f"resume with: {command}")  # fmt: skip
+def script_command(script: str) -> list[str]:
+    """The start of the command that runs `script` (an entry point's `__file__`) again: the interpreter that runs
+    it (a venv's, relative to the working folder when under it) and the script, relative when inside it."""
+    relative = os.path.relpath(script)
+    python = os.path.relpath(sys.executable)  # as the doctor's hint does
+    python = python if not python.startswith("..") and os.sep in python else "python"
+    return [python, script if relative.startswith("..") else relative]
+
+
+def resume_command(command: list[str], argv: list[str]) -> str:
+    """`command` with `argv`, any `--resume_from_checkpoint VALUE` (or `=VALUE`) replaced by
+    `--resume_from_checkpoint true`, as one shell line."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--resume_from_checkpoint":
+            skip = True
+        elif not arg.startswith("--resume_from_checkpoint="):
+            kept.append(arg)
+    return shlex.join([*command, *kept, "--resume_from_checkpoint", "true"])
+
+
+def checkpoint_hint(output_dir: str, command: list[str], argv: list[str], verb: str = "resume with") -> str:
+    """ "the last complete checkpoint is <path> (step N); resume with: <command>", or that `output_dir` holds none."""
+    from ..resume import checkpoint_step, last_complete_checkpoint
+
+    path, _ = last_complete_checkpoint(output_dir)
+    if path is None:
+        return (f"no complete checkpoint in {output_dir} (save_strategy / save_steps set when one is written): run "
+                "the same command again to start over")  # fmt: skip
+    return (f"the last complete checkpoint is {path} (step {checkpoint_step(path)}); {verb}: "
+            f"{resume_command(command, argv)}")  # fmt: skip
+
+
+def stop_line(prog: str, stop: BaseException, argv: list[str], command: list[str], trains: bool) -> str:
+    """The one line an entry point prints when a stop signal or Ctrl-C ended it (`resume.termination`): how
+    (interrupted, stopped by SIGTERM, at once by a second signal), where (before training, at step N, after
+    training), what was saved and what was not, and the command that resumes or finishes the run."""
+    from ..resume import termination
+
+    number = getattr(stop, "signal_number", signal.SIGINT)
+    how = "interrupted" if number == signal.SIGINT else f"stopped by {termination.signal_name(number)}"
+    how += " at once (a second signal)" if getattr(stop, "at_once", False) else ""
+    output_dir, step = getattr(stop, "output_dir", None), getattr(stop, "step", None)
+    if output_dir is None:
+        if trains and not termination.training_started():
+            return f"{prog}: {how}{BEFORE_TRAINING}"
+        return f"{prog}: {how}"
+    finished = getattr(stop, "finished", None)
+    if finished is None:  # in training
+        return f"{prog}: {how} at step {step}; {checkpoint_hint(output_dir, command, argv)}"
+    not_done = getattr(stop, "not_done", None)
+    left = f"not done: {not_done}; {checkpoint_hint(output_dir, command, argv, 'to finish it')}" if not_done else (
+        checkpoint_hint(output_dir, command, argv))  # fmt: skip
+    return f"{prog}: {how} after training (step {step}): {finished}; {left}"
 
 
 ERROR_LOG = "error.log"  # in the run's output_dir: the traceback of an error raised after training started
@@ -459,37 +512,57 @@ def training_errors(output_dir: str, *, started: bool = False):
         raise
 
 
-def run(entry: Callable[[list[str]], int | None], argv: Iterable[str], prog: str, *, debug: bool = False) -> int:
-    """Run `entry(argv)` (the debug switch taken out of `argv`) after `quiet_start`, and return its exit code (0 for
-    None).
+def _reward_name(name: str) -> str:
+    """`reward function 'name'`, or the words `raising_reward_function` gives when it found none."""
+    return name if name == "a reward function" else f"reward function {name!r}"
 
-    A user error (`USER_ERRORS`) prints `<prog>: error: <one_line(error)>` on stderr and returns 2 for a
-    `UsageError`, else 1; with the debug switch (`--debug` in `argv`, `debug`, or `TRL_GRPO_EXT_DEBUG=1`) it is
-    raised instead, with its traceback. Other exceptions are raised. Ctrl-C (`KeyboardInterrupt`) prints one line,
-    `<prog>: interrupted`, with the checkpoint to resume from for an `Interrupted`, and returns 130; SIGTERM during
-    training (`resume.TrainingTerminated`, its checkpoint saved) `<prog>: stopped by SIGTERM ...`, 143. A user
-    error raised after training started (`training_errors`) names the file holding its traceback instead of `--debug`.
+
+def run(entry: Callable[[list[str]], int | None], argv: Iterable[str], prog: str, *, debug: bool = False,
+        command: list[str] | None = None, trains: bool = False) -> int:  # fmt: skip
+    """Run `entry(argv)` (the debug switch taken out of `argv`) after `quiet_start`, with SIGTERM and Ctrl-C handled
+    as `resume.termination` says (`stop_signals`), and return its exit code (0 for None). A user error
+    (`USER_ERRORS`) prints `<prog>: error: <one_line(error)>` on stderr and returns 2 for a `UsageError`, else 1;
+    with the debug switch (`--debug` in `argv`, `debug`, or `TRL_GRPO_EXT_DEBUG=1`) it is raised instead, with its
+    traceback. An error raised in a reward function (the user's code; marked by the trainer) is one too: `reward
+    function 'name' raised <type> at step N: <message>`. Other exceptions are raised. A stop signal or Ctrl-C
+    (`KeyboardInterrupt`) prints one line (`stop_line`) and returns 128 + the signal (130 for SIGINT, 143 for
+    SIGTERM). An error raised after training started (`training_errors`) names the file holding its traceback
+    instead of `--debug`, and the last complete checkpoint with the command that resumes from it (a bug's traceback
+    ends with them).
+
+    Args:
+        command: the start of the command that runs this entry point again (`script_command(__file__)`, or
+            `["trl-grpo-ext", "grpo"]`), for the resume hints; default `[prog]`.
+        trains: the entry point trains: a stop before training says that nothing was trained or saved.
     """
+    from ..resume import stop_signals
+
     argv, flag = pop_debug_flag(argv)
     debug = debug or flag or debug_from_env()
+    command = command or [prog]
     quiet_start(debug)
     try:
-        code = entry(argv)
+        with stop_signals():
+            code = entry(argv)
     except KeyboardInterrupt as interrupt:  # Ctrl-C, SIGTERM: one line (the main process's), what is saved, how on
         if debug:
             raise
-        number = getattr(interrupt, "signal_number", signal.SIGINT)
         if os.environ.get("RANK", "0") == "0":
-            where = interrupt.resume_hint(argv) if isinstance(interrupt, Interrupted) else ""
-            how = "interrupted" if number == signal.SIGINT else f"stopped by {signal.Signals(number).name}"
-            print(f"{prog}: {how}{where}", file=sys.stderr, flush=True)
-        return 128 + number  # as a shell reports it: 130 for SIGINT, 143 for SIGTERM
-    except USER_ERRORS as error:
-        if debug:
+            print(stop_line(prog, interrupt, argv, command, trains), file=sys.stderr, flush=True)
+        return 128 + getattr(interrupt, "signal_number", signal.SIGINT)  # as a shell reports it: 130, 143
+    except Exception as error:
+        reward = getattr(error, "reward_function", None)  # raised in a reward function: the user's code
+        log = getattr(error, "error_log", None)  # raised after training started (`training_errors`)
+        if debug or not (isinstance(error, USER_ERRORS) or reward):  # a bug: its traceback, the log, how to resume
+            if log and not debug:
+                error.add_note(checkpoint_hint(os.path.dirname(log), command, argv))
             raise
         hint = "" if isinstance(error, UsageError) else " (run with --debug for the traceback)"
-        log = getattr(error, "error_log", None)  # raised after training started (`training_errors`)
-        hint = f" (full traceback: {log})" if log else hint
-        print(f"{prog}: error: {one_line(error)}{hint}", file=sys.stderr)
+        if log:
+            hint = f" (full traceback: {log}); {checkpoint_hint(os.path.dirname(log), command, argv)}"
+        message = one_line(error)
+        if reward:
+            message = f"{_reward_name(reward)} raised {type(error).__name__} at step {error.step}: {message}"
+        print(f"{prog}: error: {message}{hint}", file=sys.stderr)
         return 2 if isinstance(error, UsageError) else 1
     return 0 if code is None else code

@@ -31,7 +31,8 @@ class Finding:
         title: one line, what is wrong.
         evidence: the metric, the step range and its values.
         suggestion: the setting to change and to what.
-        step: the step at which the condition first held (the end of its window).
+        step: the step at which the condition first held: the first step of the first stretch of rows over which
+            it held (a check over windows of W rows finds it at the stretch's last row), or the step of the event.
     """
 
     check: str

@@ -80,7 +80,7 @@ def no_signal(run: Run) -> list[Finding] | Skip:
                f"(mean {np.nanmean(frac[end - width + 1 : end + 1]):.3g} >= {threshold})")
             + f"; reward {level:.3g} in the run's range [{low:.3g}, {high:.3g}]"
             + (f"; per reward function: {', '.join(per_function)}" if per_function else ""),
-            fix[kind], int(steps[end]),
+            fix[kind], int(steps[S.onset(end, width, frac >= threshold)]),
         ))  # fmt: skip
     for name in run.keys_like("policy_groups/", "/zero_std_frac"):
         findings += _group_no_signal(run, name, threshold, fix)
@@ -115,7 +115,7 @@ def _group_no_signal(run: Run, name: str, threshold: float, fix: dict) -> list[F
         f"policy_groups/{name}/zero_std_frac {S.fmt(frac[end - width + 1 : end + 1])} over {span(steps, end, width)}"
         f" (mean {means[end - width + 1]:.3g} >= {threshold}); its reward {level:.3g} in the run's range "
         f"[{low:.3g}, {high:.3g}]",
-        group_fix, int(steps[end]),
+        group_fix, int(steps[S.onset(end, width, frac >= threshold)]),
     )]  # fmt: skip
 
 
@@ -188,7 +188,7 @@ def small_groups(run: Run) -> list[Finding] | Skip:
         f"{degenerate_share(within, larger).mean():.0%}), keeping the generation batch a multiple of it; or train "
         "on prompts the model passes about half the time (p = 0.5 gives 2^(1 − G)); prompt_skip=True skips the "
         "prompts whose groups agreed",
-        int(steps[end]),
+        int(steps[S.onset(end, width, degenerate_share(p, group) >= value("small_group_share"))]),
     )]  # fmt: skip
 
 
@@ -224,7 +224,7 @@ def collapse(run: Run) -> list[Finding] | Skip:
         "full fine-tuning and 2e-4 with LoRA (in the recipes --use_peft true, or "
         "--config recipes/configs/smollm2_cpu.yaml for a small model); check that no reward function pays for "
         "an empty answer",
-        int(steps[end]),
+        int(steps[S.onset(end, width, length <= limit)]),
     )]  # fmt: skip
 
 
@@ -258,7 +258,7 @@ def truncation(run: Run) -> list[Finding] | Skip:
         f"raise max_completion_length{f' (now {length})' if length else ''}{raise_to}, or teach the model to end "
         "sooner: a length penalty (reward_funcs with soft_overlong_punishment, DAPO's overlong shaping), or "
         "mask_truncated_completions=True so that cut completions do not count in the loss",
-        int(steps[end]),
+        int(steps[S.onset(end, width, clipped >= value("truncated_frac"))]),
     )]  # fmt: skip
 
 
@@ -307,7 +307,7 @@ def format_only(run: Run) -> list[Finding] | Skip:
                 "the format reward a smaller weight (reward_weights) or only together with a correct answer (as "
                 "open-instruct does), and make sure the model can solve some prompts (num_generations"
                 f"{run.now('num_generations')})",
-                int(steps[end]),
+                int(steps[end - width + 1]),
             )]  # fmt: skip
     return []
 
@@ -346,5 +346,5 @@ def reward_plateau(run: Run) -> list[Finding] | Skip:
         f"raise the learning_rate{run.now('learning_rate')} (LoRA usually wants 1e-5 to 1e-4), lower beta"
         f"{run.now('beta')}; with several kinds of prompts, policy grouping (policy_group_column) puts the steps "
         "where the reward still moves; at the task's ceiling, stop here",
-        int(steps[end]),
+        int(steps[i]),
     )]  # fmt: skip

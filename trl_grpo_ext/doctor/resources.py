@@ -73,7 +73,7 @@ def generation_bound(run: Run) -> list[Finding] | Skip:
         f"timing/generation {generation[end - width + 1 : end + 1].sum():.3g} s of step_time "
         f"{step_time[end - width + 1 : end + 1].sum():.3g} s over {span(steps, end, width)} "
         f"(>= {value('generation_share'):.0%})",
-        "; ".join(ideas), int(steps[end]),
+        "; ".join(ideas), int(steps[S.onset(end, width, generation >= value("generation_share") * step_time)]),
     )]  # fmt: skip
 
 

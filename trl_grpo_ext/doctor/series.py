@@ -112,6 +112,15 @@ def first_window(condition: np.ndarray, width: int) -> int | None:
     return int(hits[0]) + width - 1 if len(hits) else None
 
 
+def onset(end: int, width: int, holds: np.ndarray) -> int:
+    """The row where a condition found over the window of `width` rows ending at row `end` began: the window's first
+    row at which `holds` (n,), the condition row by row, is true (the window's first row when none is). A stretch that
+    starts at step 30 is found at the end of its first window (step 39 for 10 rows), and began at 30."""
+    start = end - width + 1
+    hits = np.flatnonzero(holds[start : end + 1])
+    return start + int(hits[0]) if len(hits) else start
+
+
 def fmt(values: np.ndarray, limit: int = 6) -> str:
     """Up to `limit` values as text, `…` between the first and the last ones when there are more."""
     text = [f"{v:.3g}" for v in values]

@@ -44,7 +44,7 @@ def entropy_collapse(run: Run) -> list[Finding] | Skip:
         "step's), or "
         f"entropy_reg=clip_cov; a larger upper clip ratio epsilon_high=0.28 (DAPO's clip-higher); temperature"
         f"{run.now('temperature')} at 1.0",
-        int(steps[end]),
+        int(steps[S.onset(end, width, entropy <= ratio * start)]),
     )]  # fmt: skip
 
 
@@ -66,7 +66,7 @@ def entropy_explosion(run: Run) -> list[Finding] | Skip:
         f"lower the entropy bonus (entropy_coef, entropy_target or entropy_coef_max), the learning_rate"
         f"{run.now('learning_rate')} or the temperature{run.now('temperature')}; grad_reg=zclip bounds the "
         "updates that push it",
-        int(steps[end]),
+        int(steps[S.onset(end, width, (entropy >= ratio * start) & (entropy - start >= nats))]),
     )]  # fmt: skip
 
 
@@ -97,7 +97,7 @@ def kl_runaway(run: Run) -> list[Finding] | Skip:
         f"lower the learning_rate{run.now('learning_rate')}, raise beta{run.now('beta')} or let it adapt "
         "(kl_target, trl_grpo_ext's adaptive KL coefficient), and look for a reward being gamed "
         "(log_completions=True)",
-        int(steps[end]),
+        int(steps[S.onset(end, width, kl >= value("kl_level"))]),
     )]  # fmt: skip
 
 
@@ -192,7 +192,7 @@ def no_update(run: Run) -> list[Finding] | Skip:
             "no_update", "run", "the parameters do not change: the learning rate is 0",
             f"learning_rate 0 at {span(steps, end, need)} ({need} logged rows in a row)",
             f"set learning_rate above 0{run.now('learning_rate')}; with a warm-up, check warmup_steps against "
-            "max_steps", int(steps[end]),
+            "max_steps", int(steps[end - need + 1]),
         )]  # fmt: skip
     key = "kl" if len(run.finite("kl")[0]) else "grad_norm"  # with beta > 0 the KL says whether the policy moved
     steps, (moved, frac) = run.aligned(key, "frac_reward_zero_std")
@@ -214,7 +214,7 @@ def no_update(run: Run) -> list[Finding] | Skip:
                                                                  else "the gradient is 0 where there is a signal"),
         f"{key} exactly 0 at {need} logged rows in a row with a learning signal ({span(steps, end, need)}, "
         f"frac_reward_zero_std {S.fmt(frac[signal][end - need + 1 : end + 1])} < 1)",
-        FROZEN_FIX + masked + logging, int(steps[end]),
+        FROZEN_FIX + masked + logging, int(steps[end - need + 1]),
     )]  # fmt: skip
 
 

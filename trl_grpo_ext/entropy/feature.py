@@ -106,7 +106,7 @@ class EntropyReg(Feature):
         self.plan = None  # what the micro-batches of the window's part in TRL's buffer share (`_plan_window`)
         self._window_start = None  # (optimizer step, micro-step) where the current accumulation window began
         self._warned = False  # warned once that a training batch was not TRL's buffered slice
-        self._chosen_window = None  # (2,) [tokens picked, tokens] over the accumulation window
+        self._window_sums = {}  # metric -> its sums over the accumulation window so far (`_over_window`)
         self._capture = None  # (log-probabilities (B, T) with gradient, entropies (B, T), tokens chosen (B, T))
         self._scored_all = None  # (N,) bool over all processes: the last scored batch's completions some reward scored
 
@@ -171,11 +171,24 @@ class EntropyReg(Feature):
         if capture is None:
             return loss
         extra = self._loss_terms(batch, capture)
-        if self.adds_loss_terms:  # the logged `loss` is their sum: each part logged, a mean over processes
-            parts = self.trainer.accelerator.reduce(torch.stack([loss.detach(), extra.detach()]).float(), "mean")
-            self.log("loss/policy", parts[0].item())
-            self.log("loss/entropy_reg", parts[1].item())
+        if self.adds_loss_terms:  # the logged `loss` is their sum: each part, summed over the step's micro-batches
+            # (each is its share of the step's loss, as transformers sums them), a mean over processes
+            parts = self._over_window("loss", torch.stack([loss.detach(), extra.detach()]).float(), "mean")
+            if parts is not None:
+                self.log("loss/policy", parts[0].item())
+                self.log("loss/entropy_reg", parts[1].item())
         return loss + extra
+
+    def _over_window(self, key: str, values: torch.Tensor, reduction: str = "sum") -> torch.Tensor | None:
+        """`values` summed over the micro-batches of the optimizer step's accumulation window, then reduced over the
+        processes (`reduction`): None until the window's last micro-batch. In evaluation each batch is its own window.
+        So a metric of the step is the same however the step is split into micro-batches."""
+        if self.trainer.model.training:
+            values = self._window_sums[key] = values + self._window_sums.get(key, 0)
+            if not self.trainer.accelerator.sync_gradients:
+                return None
+            del self._window_sums[key]
+        return self.trainer.accelerator.reduce(values, reduction=reduction)
 
     def _shifted(self, batch: dict, entropies: torch.Tensor) -> torch.Tensor:
         """The advantages of `batch` after every mode that shifts them, in registry order."""
@@ -190,8 +203,9 @@ class EntropyReg(Feature):
         shifted = self._shifted(batch, entropies)
         shift = (shifted - batch["advantages"]).float().reshape(len(shifted), -1)[:, 0]
         used = (_scored(batch) & (loss_mask(batch).sum(1) > 0)).float()
-        totals = self.trainer.accelerator.reduce(torch.stack([(shift * used).sum(), used.sum()]), reduction="sum")
-        self.log("entropy_reg/advantage_shift", (totals[0] / totals[1]).item() if totals[1] > 0 else float("nan"))
+        totals = self._over_window("advantage_shift", torch.stack([(shift * used).sum(), used.sum()]))
+        if totals is not None:
+            self.log("entropy_reg/advantage_shift", (totals[0] / totals[1]).item() if totals[1] > 0 else float("nan"))
         batch["advantages"] = shifted
 
     # -- the accumulation window
@@ -350,19 +364,13 @@ class EntropyReg(Feature):
             if term is not None:
                 extra = extra + term * share
         if chosen is not None:
-            self._log_chosen(chosen, batch, training)
+            self._log_chosen(chosen, batch)
         return extra
 
-    def _log_chosen(self, chosen: torch.Tensor, batch: dict, training: bool) -> None:
+    def _log_chosen(self, chosen: torch.Tensor, batch: dict) -> None:
         """`entropy_reg/clipped_frac` (Clip-Cov) or `penalized_frac` (KL-Cov): the share of the scored tokens picked,
         one value per optimizer step over its window (per batch in evaluation), over all processes."""
-        counts = torch.stack([chosen.sum(), _advantage_mask(batch).sum()]).float()
-        if training:
-            window = self._chosen_window
-            counts = self._chosen_window = counts if window is None else window + counts
-        if not training or self.trainer.accelerator.sync_gradients:
-            counts = self.trainer.accelerator.reduce(counts, reduction="sum")
-            if training:
-                self._chosen_window = None
+        counts = self._over_window("chosen", torch.stack([chosen.sum(), _advantage_mask(batch).sum()]).float())
+        if counts is not None:
             name = "clipped_frac" if self.picker.name == "clip_cov" else "penalized_frac"
             self.log(f"entropy_reg/{name}", (counts[0] / counts[1].clamp(min=1.0)).item())

@@ -76,11 +76,13 @@ def unitwise_norm(x: torch.Tensor) -> torch.Tensor:
     else one norm per output unit (row), over every dimension but the first.
 
     Returns:
-        float32, shape () for `x.ndim <= 1`, else `(x.shape[0], 1, ..., 1)` (keepdim, broadcasts against `x`).
+        float32 (float64 for a float64 `x`), shape () for `x.ndim <= 1`, else `(x.shape[0], 1, ..., 1)` (keepdim,
+        broadcasts against `x`).
     """
+    dtype = torch.promote_types(x.dtype, torch.float32)  # at least float32; a float64 model's in float64
     if x.ndim <= 1:
-        return torch.linalg.vector_norm(x, dtype=torch.float32)
-    return torch.linalg.vector_norm(x, dim=tuple(range(1, x.ndim)), keepdim=True, dtype=torch.float32)
+        return torch.linalg.vector_norm(x, dtype=dtype)
+    return torch.linalg.vector_norm(x, dim=tuple(range(1, x.ndim)), keepdim=True, dtype=dtype)
 
 
 @torch.no_grad()

@@ -31,6 +31,7 @@ from ..trl_contact import (
     output_dir,
     save_checkpoint,
     set_deepspeed_clip,
+    skip_optimizer_step,
 )
 from .adaptive_kl import AdaptiveKL, per_token_kl
 from .config import UNGUARDED
@@ -150,8 +151,12 @@ class GradReg(Feature):
         if not math.isfinite(value):
             for p in model.parameters():
                 p.grad = None
+            if scaler is None:  # the schedule waits for the step, as under a loss scaler or DeepSpeed
+                skip_optimizer_step(trainer, True)
             self._count_skip(model, value)
             return norm
+        if scaler is None:
+            skip_optimizer_step(trainer, False)
         state.consecutive_skips = 0
         bound = args.max_grad_norm
         for mode in self.modes:

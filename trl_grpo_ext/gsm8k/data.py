@@ -12,8 +12,11 @@ import os
 import random
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from datasets import Dataset
+if TYPE_CHECKING:
+    from datasets import Dataset
+
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +118,7 @@ def _is_number(text: str) -> bool:
         return False
 
 
-def load_gsm8k(split: str, dataset_path: str | os.PathLike | None = None, limit: int | None = None) -> Dataset:
+def load_gsm8k(split: str, dataset_path: str | os.PathLike | None = None, limit: int | None = None) -> "Dataset":
     """GSM8K `split` ("train" or "test") as GRPO rows, from `dataset_path` if given, else from the Hub.
 
     Args:
@@ -140,6 +143,8 @@ def load_gsm8k(split: str, dataset_path: str | os.PathLike | None = None, limit:
         grpo_rows = grpo_rows[:limit]
     if not grpo_rows:
         raise DatasetFormatError(f"{source}: no usable row (limit={limit}); every answer needs a '#### N' line")
+    from datasets import Dataset  # here: the command line's error handling imports this module, not datasets
+
     return Dataset.from_list(grpo_rows)
 
 

@@ -73,6 +73,28 @@ def generation_config(settings: dict, model: PreTrainedModel, tokenizer: PreTrai
     return GenerationConfig(**settings, **ids)
 
 
+def decoding_config(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_new_tokens: int,
+                    temperature: float, num_samples: int = 1) -> GenerationConfig:  # fmt: skip
+    """The `GenerationConfig` `generate` passes to the model: `decoding_settings` with the token ids
+    (`generation_config`)."""
+    return generation_config(decoding_settings(max_new_tokens, temperature, num_samples), model, tokenizer)
+
+
+# transformers' bookkeeping in a `GenerationConfig.to_dict()`, not a setting of the generation
+NOT_SETTINGS = ("transformers_version", "_from_model_config")
+
+
+def generation_record(config: GenerationConfig) -> dict:
+    """Every setting of `config` (the one `generate` is called with) as JSON values, name -> value: the decoding
+    settings, the token ids (bos, the eos ids it stops at, pad) and those left at None (`min_p`, `stop_strings`,
+    `top_h`, ...), so that a results file says all that the generation was given; transformers' bookkeeping
+    (`NOT_SETTINGS`) left out."""
+    record = config.to_dict()
+    for name in NOT_SETTINGS:
+        record.pop(name, None)
+    return record
+
+
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
 
 
@@ -152,7 +174,7 @@ def generate(
     Raises:
         ValueError: `temperature == 0` with `num_samples > 1` (every greedy sample would be the same).
     """
-    config = generation_config(decoding_settings(max_new_tokens, temperature, num_samples), model, tokenizer)
+    config = decoding_config(model, tokenizer, max_new_tokens, temperature, num_samples)
     tokenizer.padding_side = "left"
     kwargs = chat_template_kwargs or {}
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True, **kwargs) for p in prompts]

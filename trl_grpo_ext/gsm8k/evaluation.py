@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .eval_generation import decoding_settings, generate
+from ..resume import write_json_atomically
+from .eval_generation import decoding_config, generate, generation_record
 from .rewards import answer_is_correct, extract_final_answer, same_answer
 
 
@@ -143,12 +144,13 @@ def evaluate_gsm8k(
         "generation", ["maj@k"], "samples": [...]}`;
         accuracies and `empty_completions` (the greedy completions that are empty or blank) are fractions in [0, 1]
         (the recipe adds `untrained`, `untrained_empty_share`'s figures, when that share is `EMPTY_SHARE` or more).
-        `generation` holds the decoding settings used, `{"greedy": {...}, ["maj@k": {..., "seed"}]}`
-        (`eval_generation.decoding_settings`). `samples` keeps every completion, one record a problem: `question`,
-        `answer` (gold), the greedy `completion` with its `strict_answer` (a final `\\boxed{}`) and `lenient_answer`
-        (None when there is none) and their scores `strict` and `lenient` (1.0 or 0.0); with maj@k, `"maj@k"`:
-        `{"majority_answer", "correct", "samples": [{"completion", "lenient_answer", "correct"}, ...]}`, the k
-        sampled completions in the order they were generated.
+        `generation` holds every setting `generate` was given, `{"greedy": {...}, ["maj@k": {..., "seed"}]}`
+        (`eval_generation.generation_record`: the decoding settings, the eos, pad and bos ids, and those left at
+        None such as `min_p`, `stop_strings`, `top_h`). `samples` keeps every completion, one record a problem:
+        `question`, `answer` (gold), the greedy `completion` with its `strict_answer` (a final `\\boxed{}`) and
+        `lenient_answer` (None when there is none) and their scores `strict` and `lenient` (1.0 or 0.0); with
+        maj@k, `"maj@k"`: `{"majority_answer", "correct", "samples": [{"completion", "lenient_answer", "correct"},
+        ...]}`, the k sampled completions in the order they were generated.
     """
     prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
     n = max(len(prompts), 1)
@@ -174,7 +176,7 @@ def evaluate_gsm8k(
         "lenient_accuracy": sum(record["lenient"] for record in records) / n,
         "empty_completions": sum(not text.strip() for text in greedy) / n,
         "chat_template_kwargs": dict(chat_template_kwargs or {}),
-        "generation": {"greedy": decoding_settings(max_new_tokens, 0.0)},
+        "generation": {"greedy": generation_record(decoding_config(model, tokenizer, max_new_tokens, 0.0))},
     }
     if maj_k > 1:
         label = f"Evaluation, maj@{maj_k}" if progress else None
@@ -193,7 +195,8 @@ def evaluate_gsm8k(
         for record, texts in zip(records, sampled, strict=True):
             record[f"maj@{maj_k}"] = vote_record(record["answer"], texts)
         results[f"maj@{maj_k}"] = sum(record[f"maj@{maj_k}"]["correct"] for record in records) / n
-        results["generation"][f"maj@{maj_k}"] = {**decoding_settings(max_new_tokens, temperature, maj_k), "seed": seed}
+        config = decoding_config(model, tokenizer, max_new_tokens, temperature, maj_k)
+        results["generation"][f"maj@{maj_k}"] = {**generation_record(config), "seed": seed}
     results["samples"] = records
     return results
 
@@ -233,11 +236,11 @@ def run_chat_template_kwargs(model_path: str) -> tuple[dict, str] | None:
 
 
 def write_results(results: dict, output_dir: str, name: str = "eval_results.json") -> str:
-    """Write `results` as indented JSON to `<output_dir>/<name>`; return the path."""
+    """Write `results` as indented JSON to `<output_dir>/<name>`, atomically (a write cut short leaves no partial
+    file); return the path."""
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, name)
-    with open(path, "w") as f:
-        json.dump(results, f, indent=2)
+    write_json_atomically(path, results, indent=2)
     return path
 
 

@@ -23,8 +23,13 @@ candidates unless a correction or a next step stands between them ("\boxed{41} W
 (a change), working next to a box ("20 + 22 = 42, \boxed{42}"). "41-42" is arithmetic (-1), as in TRL. A formula
 is not the number inside it: a box must parse to one value with no symbol, constant or function left
 (``\boxed{42 + \mathrm{e}}``, ``\boxed{42/\mathrm{e}}``, ``\boxed{42\pi}``, ``\boxed{\log 42}`` are not 42; the
-rest of a box is never searched for a number), and in running text a number touching a symbol through an operator
-or a LaTeX function or constant ("42/e", "$\frac{42}{x}$", "$42\pi$", "$\log 42$") is no answer. Units are dropped
+rest of a box is never searched for a number), and in running text a number touching a symbol through an operator,
+a power, a LaTeX or plain-text function or constant, or a single letter ("42/e", "$\frac{42}{x}$", "$42\pi$",
+"$\log 42$", "42^2", "sqrt(42)", "42 squared", "42x", "42e3") is no answer (issue #71). In running text a guess is
+no answer either ("Could be 42", "maybe 42", "42 (maybe)", "42?"), nor are numbers on lines of their own ("41\n42",
+"A) 41\nB) 42"); signs are read as written ("+42" is 42, "is - 42" and "x = - 42" are -42, "50 - 8" is 42); and a
+number math-verify cannot read after the answer it found (a later "x42", "No.42") leaves the completion with no
+answer rather than an earlier number, unless the answer follows an "answer" anchor. Units are dropped
 before parsing, as TRL's ``accuracy_reward`` drops them: ``42^\circ``, ``42°``, ``42\%``, ``\$42``,
 ``42 \text{ dollars}``, ``42\,\mathrm{cm}``, ``42 \text{ cm}^2``, ``42 apples`` are 42; a bare single letter is a
 variable, not a unit (``42 x``, ``42\mathrm{e}``: e is Euler's number).
@@ -152,12 +157,35 @@ _HEDGE_WORD = re.compile(
 # In running text, what stands right before or after the last number when that number is not the answer ("x is not
 # 42", "so 42 < x", "42 or more"); `_running_text` writes every relation command as "\u2260", which survives it.
 _HEDGE_BEFORE = re.compile(rf"(?:[{_RELATION_CHARS}]|!=|\b(?:not|never|except|{_HEDGES}))[\s$*]*$", re.IGNORECASE)
-_HEDGE_AFTER = re.compile(rf"[\s$*]*(?:[{_RELATION_CHARS}]|!=|or\s+(?:more|less|fewer|so)\b)", re.IGNORECASE)
+_HEDGE_AFTER = re.compile(
+    rf"[\s$*]*(?:[{_RELATION_CHARS}]|!=|or\s+(?:more|less|fewer|so)\b|\?)"  # "42 or more", "42?" (a question)
+    r"|[\s$*,(]*-?\s*(?:maybe|perhaps|possibly|probably|likely|i\s+think|i\s+guess|i\s+believe|not\s+sure|ish"
+    r"|approx(?:imately|\.)?|roughly|give\s+or\s+take)\b",  # "42 (maybe)", "42, I think", "42-ish"
+    re.IGNORECASE,
+)
+# A word of doubt at most three words before the answer ("Could be 42", "maybe 42", "probably the answer is 42"), so
+# "She could be 3 years older, so the total is 42" is an answer.
+_DOUBT_BEFORE = re.compile(
+    r"\b(?:(?:could|might|may)\s+be|maybe|perhaps|possibly|probably|likely|i\s+guess|not\s+sure|unsure|uncertain)"
+    r"(?:[\s,:$*]+[A-Za-z']+){0,3}[\s,:$*]*$",
+    re.IGNORECASE,
+)
+# A line holding only a number, perhaps labelled as a list item or an option ("42", "B) 42", "(b) 42", "2. 42",
+# "- 42"): two such lines of different values are candidates ("41\n42", "A) 41\nB) 42").
+_BARE_LINE = re.compile(
+    r"[ \t]*(?:(?:[A-Za-z]|\d{1,2})[).:]|\([A-Za-z\d]{1,2}\)|[-*\u2022])?[ \t]*(-?\d+(?:\.\d+)?)[ \t]*[.?!]?[ \t]*"
+)
+# math-verify's plain-text anchor ("final answer is", "answer: ... = 42"); a number after the answer is another
+# candidate unless the answer follows the anchor with no number between them (or right after its "=").
+_ANCHOR = re.compile(r"answer", re.IGNORECASE)
+# a digit of any script, superscripts, subscripts, vulgar fractions and circled numbers included ("\u2074\u00b2")
+_DIGIT = re.compile(r"[\d\u00b2\u00b3\u00b9\u00bc-\u00be\u2070-\u209f\u2150-\u218b\u2460-\u24ff\u2776-\u2793]")
 # One value (issue #58). In running text (after `_running_text`) and around a box: a number, then words or marks that
 # join alternatives, then the answer ("41 or 42", "41, 42, or 43", "between 41 and 43", "x = 41, y = 42"); or the
 # answer, then such a joint and another number. Searched within `_JOIN_WINDOW` characters, so in constant time.
 _JOIN_WINDOW = 200
-_JOINT = r"(?:,|;|--+(?!-)|[\u2013\u2014]|\b(?:or|and|nor|to|through|thru|maybe|perhaps|possibly|vs|versus)\b)"
+_JOINT = (r"(?:,|;|--+(?!-)|[\u2013\u2014]|\b(?:or|and|nor|to|through|thru|maybe|perhaps|possibly|vs|versus)\b"
+          r"|\b[A-Ea-e]\))")  # fmt: skip  # an option's label: "A) 41 B) 42"
 _JOINED_BEFORE = re.compile(rf"\d[\s$*%]*(?:{_JOINT}[\s$*]*)+(?:[A-Za-z]\w*[\s$*]*=[\s$*]*)?$", re.IGNORECASE)
 _JOINED_AFTER = re.compile(rf"[\s$*(\[]*(?:{_JOINT}[\s$*(\[]*)+-?\d", re.IGNORECASE)
 _CHANGE = re.compile(r"\bfrom[\s$*]+-?[\d.]+[\s$*%]*to[\s$*]*$", re.IGNORECASE)  # "from 30 to 42": not a range
@@ -176,8 +204,26 @@ _FORMULA = re.compile(
     r"sigma|tau|phi|varphi|chi|psi|omega|Gamma|Delta|Theta|Lambda|Xi|Pi|Sigma|Phi|Psi|Omega)(?![a-zA-Z])"
 )
 # a formula around the answer in running text: the token, or a single letter (a variable, "e") through an operator
-_FORMULA_BEFORE = re.compile(rf"(?:{_FORMULA_TOKEN}|(?<![A-Za-z])[A-Za-z][ \t]*[*/+^])[ \t(]*$")
-_FORMULA_AFTER = re.compile(rf"[ \t)]*(?:{_FORMULA_TOKEN}|[*/+^][ \t(]*(?:{_FORMULA_TOKEN}|[A-Za-z](?![A-Za-z])))")
+_FORMULA_BEFORE = re.compile(
+    rf"(?:{_FORMULA_TOKEN}|(?<![A-Za-z])[A-Za-z][ \t]*[*/+^])[ \t(]*$"
+    r"|\b(?:(?:square|cube|\w+th)\s+root|square|cube|log(?:arithm)?|factorial|exponential)\s+of[\s$*]*$",  # in words
+    re.IGNORECASE,
+)
+_FORMULA_AFTER = re.compile(
+    rf"[ \t)]*(?:{_FORMULA_TOKEN}|[*/+^][ \t(]*(?:{_FORMULA_TOKEN}|[A-Za-z](?![A-Za-z])))"
+    r"|[A-Za-z](?![A-Za-z])"  # touching a single letter: a variable or a power of ten ("42x", "42e3")
+    r"|[\s$*]*(?:squared|cubed|to\s+the\s+(?:\w+\s+)?power|raised\s+to|factorial)\b",  # "42 squared"
+    re.IGNORECASE,
+)
+# Functions and roots in plain text ("sqrt(42)", "log 42", "\u221a42", "42\u03c0"): written as `_FORMULA_TOKEN` too.
+_PLAIN_FORMULA = re.compile(
+    r"(?<![A-Za-z])(?:(?:sqrt|cbrt|log\d*|ln|lg|exp|sin|cos|tan|cot|sec|csc|arc(?:sin|cos|tan)|sinh|cosh|tanh)"
+    r"(?=[ \t]*[(\d])|(?:abs|floor|ceil|round|min|max|gcd|lcm|mod)(?=[ \t]*\())|[\u221a\u221b\u221c\u03c0\u221e]",
+    re.IGNORECASE,
+)
+# A sign before a number, with spaces or none ("+42", "- 42"): read as the number's sign when nothing it could
+# subtract from stands before it (`_signed`).
+_SIGN = re.compile(r"([+-])[ \t]*(?=\d)")
 # Units in a box, dropped before parsing (TRL's ``accuracy_reward`` drops them too): a degree sign anywhere; a whole
 # answer written as text; then, at the end, a text command or a word of 2+ letters (optionally squared, cubed) after a
 # number, a brace or "%" (``42 \text{ dollars}``, ``42\,\mathrm{cm}``, ``42 apples``, ``42 \text{ cm}^2``). A single
@@ -343,7 +389,7 @@ def _extract_final_answer(text: str, strict: bool) -> str | None:
     if strict:
         return None
     try:
-        plain = _UNBOUNDED.sub(" ", _running_text(tail))  # "It is 72!" -> "It is 72 "
+        plain = _running_text(tail).replace("!", " ")  # "It is 72!" -> "It is 72 ": a factorial is no GSM8K answer
         parsed = parse(plain, extraction_config=[_EXPR_CONFIG], parsing_timeout=None)
     except (Exception, TimeoutException):
         return None
@@ -353,13 +399,41 @@ def _extract_final_answer(text: str, strict: bool) -> str | None:
         before = plain[:at]
         named = before.rstrip(" \t$*").endswith("=")  # "y = 42 > x": y is 42
         after = plain[at + len(answer) : at + len(answer) + _JOIN_WINDOW]
+        if _DIGIT.search(plain, at + len(answer)) and not _anchored(before):
+            return None  # a later number math-verify could not read ("+42" after "Step 1"): never an earlier one
         if _HEDGE_BEFORE.search(before) or (not named and _HEDGE_AFTER.match(after)):
-            return None  # "x is not 42", "so 42 < x", "42 or more": a relation or a hedge, not the answer
-        if _joined(before, after):
-            return None  # "41 or 42", "41, 42, or 43", "between 41 and 43": candidates, not one value
+            return None  # "x is not 42", "so 42 < x", "42 or more", "42?": a relation or a hedge, not the answer
+        if _DOUBT_BEFORE.search(before[-_JOIN_WINDOW:]):
+            return None  # "Could be 42", "maybe 42": a guess, not the answer
+        if _joined(before, after) or _listed(plain, at, at + len(answer)):
+            return None  # "41 or 42", "41, 42, or 43", "between 41 and 43", "41\n42": candidates, not one value
         if _FORMULA_BEFORE.search(before[-_JOIN_WINDOW:]) or _FORMULA_AFTER.match(after):
-            return None  # "42/e", "$\log 42$", "$42\pi$": a formula, not the number inside it
+            return None  # "42/e", "$\log 42$", "42^2", "42x", "sqrt(42)": a formula, not the number inside it
     return answer
+
+
+def _anchored(before: str) -> bool:
+    """Whether the text `before` an answer ends with math-verify's anchor for it: "answer" and no number after
+    it, or an "=" right before the answer ("The answer is 42", "Answer: 6 * 7 = 42")."""
+    window = before[-_JOIN_WINDOW:]
+    anchors = [match.end() for match in _ANCHOR.finditer(window)]
+    if not anchors:
+        return False
+    between = window[anchors[-1] :]
+    return not _DIGIT.search(between) or before.rstrip(" \t$*").endswith("=")
+
+
+def _listed(plain: str, start: int, end: int) -> bool:
+    """Whether the answer at `plain[start:end]` stands alone on its line (perhaps labelled: "B) 42") and the line
+    before it holds only another number too ("41\n42", "A) 41\nB) 42"): a list of candidates."""
+    line_start = plain.rfind("\n", 0, start) + 1
+    line_end = plain.find("\n", end)
+    line = _BARE_LINE.fullmatch(plain[line_start : len(plain) if line_end == -1 else line_end])
+    if line is None:
+        return False
+    earlier = [text for text in plain[max(0, line_start - _JOIN_WINDOW) : line_start].split("\n") if text.strip()]
+    previous = _BARE_LINE.fullmatch(earlier[-1]) if earlier else None
+    return previous is not None and not _same_value(previous.group(1), line.group(1))
 
 
 def _running_text(text: str) -> str:
@@ -374,19 +448,34 @@ def _running_text(text: str) -> str:
     lenient accuracy and its maj@k vote (all via `extract_final_answer`). Never raises.
     """
     text = html.unescape(text) if "&" in text else text  # "&minus;42", "1&nbsp;000"
-    text = _UNCLOSED_BOX.sub("", text).translate(_CHARACTERS)
+    text = _DEGREE.sub(" ", _UNCLOSED_BOX.sub("", text).translate(_CHARACTERS))  # "42^\circ", "42°": 42
     text = _EN_DASH_SIGN.sub("-", text)
     text = _GROUPED_NUMBER.sub(lambda m: _RUNNING_SEP_RE.sub("", m.group()), text)
     text = _GROUPED_DECIMALS.sub(lambda m: _DECIMAL_SEP_RE.sub("", m.group()), text)
     text = _LIST_COMMA.sub(", ", text)
     text = _FRAC.sub(_fraction, text)
-    text = _FORMULA.sub(f" {_FORMULA_TOKEN} ", text)
+    text = _PLAIN_FORMULA.sub(f" {_FORMULA_TOKEN} ", _FORMULA.sub(f" {_FORMULA_TOKEN} ", text)).replace("^", " ^ ")
     text = _SIGN_MARKUP.sub(_joined_sign, _MATH_SIGN.sub(r"\1-", text))
     text = _OPERATOR.sub(lambda m: _OPERATORS[m.group()], _RELATION_COMMAND.sub(" \u2260 ", text))
     text = _MARKUP.sub(" ", _PERCENT.sub("%", _HTML_TAG.sub(" ", text)))
     text = _EMPHASIS.sub(r" \2 ", text)
     text = _PAREN_NUMBER.sub(r" \1 ", text)
-    return _TOUCHING_PUNCT.sub(" ", text)
+    return _SIGN.sub(_signed, _TOUCHING_PUNCT.sub(" ", text))
+
+
+def _signed(match: re.Match) -> str:
+    """A `_SIGN` match: "-" joined to its number and "+" dropped when nothing it could take from or add to stands
+    before it ("is - 42", "x = - 42", ": +42", "+42" first); otherwise (after a number, a closing bracket or a single
+    letter: "46 - 4", "x - 4") left as it is. "- 42" opening a line is a Markdown list's mark, left too."""
+    before = match.string[max(0, match.start() - 40) : match.start()].rstrip(" \t$*")
+    word = re.search(r"[A-Za-z]+$", before)
+    operand = before and (before[-1].isdigit() or before[-1] in ")]}%" or (word is not None and len(word[0]) == 1))
+    if operand:
+        return match.group()
+    if match.group(1) == "+":
+        return ""
+    bullet = match.start() == 0 or before.endswith("\n") or not before
+    return match.group() if bullet and match.group() != "-" else "-"
 
 
 def _fraction(match: re.Match) -> str:

@@ -15,7 +15,8 @@ trl_grpo_ext; its modules split it by role:
                               in TRL's method.
     `accessors`               the only readers and writers of private attributes (`metrics`, `log_total`, `loss_mask`,
                               `micro_step`, `buffered_inputs`, `output_dir`, `grad_norm`, `save_checkpoint`,
-                              `stop_memory_tracking`, `repeat_sampler_fields`, `raised_in_training_loop`, ...)
+                              `save_model_files`, `skip_optimizer_step`, `stop_memory_tracking`,
+                              `repeat_sampler_fields`, `raised_in_training_loop`, ...)
     `loop_state`              `GRPOLoopState`, the training loop's state that TRL and transformers do not checkpoint
     `generation_internals`    what fast generation uses of transformers' internals (`compile_config_all_devices`,
                               `compiles_in_one_graph`, `generate_cache_argument`, `drop_repeated_input_grad_hooks`,
@@ -53,6 +54,8 @@ from .accessors import (
     raised_in_training_loop,
     repeat_sampler_fields,
     save_checkpoint,
+    save_model_files,
+    skip_optimizer_step,
     stop_memory_tracking,
     to_device,
 )
@@ -139,6 +142,8 @@ __all__ = [
     "raised_in_training_loop",
     "repeat_sampler_fields",
     "save_checkpoint",
+    "save_model_files",
+    "skip_optimizer_step",
     "set_deepspeed_clip",
     "stop_memory_tracking",
     "to_device",

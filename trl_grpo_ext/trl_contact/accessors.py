@@ -79,6 +79,19 @@ def save_checkpoint(trainer: transformers.Trainer, model: torch.nn.Module) -> No
     trainer._save_checkpoint(model, trial=None)
 
 
+def skip_optimizer_step(trainer: transformers.Trainer, skipped: bool) -> None:
+    """Tell accelerate whether this optimizer step is skipped (`AcceleratedOptimizer._is_overflow`, which its
+    `step_was_skipped` reads; only its GradScaler path sets it otherwise), as its loss scaler and DeepSpeed do for a
+    step they skip: transformers then leaves the learning-rate scheduler where it is (`optimizer_step_was_skipped`)."""
+    trainer.optimizer._is_overflow = skipped
+
+
+def save_model_files(save_model, folder: str) -> None:
+    """transformers' `Trainer.save_model` (`save_model`: the bound method, e.g. `super().save_model`) into `folder` as
+    its own checkpoints call it (`_internal_call=True`): without pushing to the Hub from inside it."""
+    save_model(folder, _internal_call=True)
+
+
 def stop_memory_tracking(trainer: transformers.Trainer, metrics: dict) -> None:
     """End the memory tracking `Trainer.train` started and add its metrics to `metrics` (a no-op unless
     `skip_memory_metrics=False`); for a `train()` call that returns before transformers' own end of training."""

@@ -62,6 +62,7 @@ PRIVATE_METHODS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     # called, not overridden
     "_get_grad_norm": ("transformers 5.24.0 Trainer", ("self", "model"), ()),
     "_get_output_dir": ("transformers 5.24.0 Trainer", ("self", "trial"), ()),
+    "save_model": ("transformers 5.24.0 Trainer", ("self", "output_dir", "_internal_call"), ()),  # its private flag
     # looked for on a traceback (`accessors.raised_in_training_loop`)
     "_inner_training_loop": ("transformers 5.24.0 Trainer", ("self", "batch_size"), ()),
 }
@@ -88,6 +89,10 @@ TRANSFORMERS_INTERNALS = (
 # torch internals fast generation reads (`generation_internals.compile_counters`), written against torch 2.13
 TORCH_INTERNALS = (
     "torch._dynamo.utils.counters",  # dynamo's and inductor's running counts: recompile-limit hits, CUDA-graph skips
+)
+# accelerate internals the non-finite guard writes (`accessors.skip_optimizer_step`), written against accelerate 1.13
+ACCELERATE_INTERNALS = (
+    "AcceleratedOptimizer._is_overflow, read by its step_was_skipped",  # a skipped step leaves the LR schedule
 )
 REPEAT_SAMPLER_FIELDS = ("generator", "seed", "num_samples", "shuffle")
 
@@ -146,6 +151,7 @@ def check_contact_surface(
     problems += [f"RepeatSampler has no field {f!r}" for f in REPEAT_SAMPLER_FIELDS if not hasattr(sampler, f)]
     problems += _missing_transformers_internals(compile_config_class, model_class)
     problems += _missing_torch_internals()
+    problems += _missing_accelerate_internals()
     problems += missing_vllm_internals(trainer_class)
     if problems:
         raise TRLCompatibilityError(
@@ -168,6 +174,14 @@ def _missing_transformers_internals(compile_config_class: type | None, model_cla
     )
     return [f"transformers {name} is gone (written against 5.24.0)" for name, ok in zip(TRANSFORMERS_INTERNALS, found,
                                                                                    strict=True) if not ok]  # fmt: skip
+
+
+def _missing_accelerate_internals() -> list[str]:
+    """The entries of `ACCELERATE_INTERNALS` this accelerate lacks, as problems."""
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    reads = "self._is_overflow" in inspect.getsource(AcceleratedOptimizer.step_was_skipped.fget)
+    return [] if reads else [f"accelerate {ACCELERATE_INTERNALS[0]} is gone (written against 1.13)"]
 
 
 def _missing_torch_internals() -> list[str]:

@@ -1,43 +1,22 @@
-"""Exact resume: the training state TRL and transformers leave out of a checkpoint, and complete checkpoints.
-
-A resumed GRPO run continues exactly as the uninterrupted one only if three things come back:
-
-1. the prompt order: TRL's `RepeatSampler` draws a new permutation from one stateful generator each epoch, so a
-   fresh sampler after a resume in epoch `e > 0` replays epoch 0's order (`EpochSeededSampler` fixes this);
-2. the GRPO loop's own state: the micro-step counter and the buffered generations that are reused for
-   `steps_per_generation * num_iterations` micro-steps, lost when a checkpoint falls inside a generation cycle;
-3. the extension's own statistics (policy groups, controllers): saved with 2 by `save_resume_state`.
+"""Complete checkpoints and the state TRL and transformers leave out of them.
 
 A checkpoint counts as complete once `MANIFEST_NAME` lists its files with their sizes; the manifest is written last
-and atomically, so a process killed while saving leaves a checkpoint that `last_complete_checkpoint` skips.
+and atomically, so a process killed while saving leaves a checkpoint that `last_complete_checkpoint` skips. Each
+process's resume state (the GRPO loop's and every feature's, `GRPOTrainer.resumable_state`) is saved next to it
+(`save_resume_state`), read back on resume (`load_resume_state`), and checked field by field against the schema of
+the object that wrote it (`schema_state`, `schema_fields`).
 
 A checkpoint at or past the run's last step (a finished job relaunched by a scheduler) is not trained on: transformers
 would train one step more and overwrite the final checkpoint. `RunAlreadyComplete` ends such a resume early.
-
-SIGTERM handled like Ctrl-C: a scheduler that stops a job (SLURM, Kubernetes, `timeout`) sends SIGTERM and, after
-a grace period, SIGKILL. Python's default for SIGTERM ends the process at once, so a run stopped that way saved
-nothing since its last scheduled checkpoint and said nothing.
-
-While `GRPOTrainer.train` runs, `TerminationHandler` catches SIGTERM (in the main thread; elsewhere the default
-stays): the optimizer step in progress finishes, a checkpoint of it is saved (a complete one, as any of ours), training
-stops, and `train` raises `TrainingTerminated`, a `KeyboardInterrupt`, so a script stops as it does on Ctrl-C and the
-entry points print one line with the command that resumes (`cli.errors.run`, exit code 143 = 128 + SIGTERM). The
-grace period must cover the rest of one step and a save. Under several processes the request is the union over them
-(one all-reduce of a flag per optimizer step), so every process saves the same step and stops there.
 """
 
 import json
 import logging
 import os
-import signal
 from pathlib import Path
 
 import torch
-from torch.utils.data import Sampler
-from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
-from .trl_contact import repeat_sampler_fields
 
 logger = logging.getLogger(__name__)
 
@@ -55,37 +34,6 @@ class RunAlreadyComplete(Exception):
     def __init__(self, checkpoint: str, global_step: int, max_steps: int):
         super().__init__(f"{checkpoint} is at step {global_step}, the run ends at step {max_steps}")
         self.checkpoint, self.global_step, self.max_steps = checkpoint, global_step, max_steps
-
-
-class EpochSeededSampler(Sampler):
-    """Wrap TRL's `RepeatSampler` so that epoch `e`'s prompt order depends on `e` alone, not on how many epochs this
-    sampler object has iterated.
-
-    `RepeatSampler` seeds one `torch.Generator` with `seed` at construction and draws a permutation per `__iter__`,
-    so in an uninterrupted run epoch `e` gets the `(e+1)`-th draw, and a fresh sampler after a resume replays epoch
-    0's order. Here each `__iter__` reseeds the generator and discards `epoch` draws first, then counts the epoch: an
-    uninterrupted run gets TRL's orders bit for bit, and a resumed one gets them too once `epoch` is set to the epoch
-    it resumes in (`set_epoch`, which transformers calls where the data loader forwards it, or by the trainer).
-    """
-
-    def __init__(self, sampler: Sampler):
-        self.sampler = sampler
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
-        generator, seed, num_samples, shuffle = repeat_sampler_fields(self.sampler)
-        if shuffle and seed is not None:
-            generator.manual_seed(seed)
-            for _ in range(self.epoch):
-                torch.randperm(num_samples, generator=generator)
-        self.epoch += 1
-        return iter(self.sampler)
-
-    def __len__(self) -> int:
-        return len(self.sampler)
 
 
 def save_resume_state(checkpoint_dir: str, rank: int, state: dict) -> str:
@@ -150,13 +98,19 @@ def write_manifest(checkpoint_dir: str) -> str:
         for p in sorted(root.rglob("*"))
         if p.is_file() and p.name != MANIFEST_NAME and not p.name.endswith(".tmp")
     }
-    tmp = root / (MANIFEST_NAME + ".tmp")
+    write_json_atomically(root / MANIFEST_NAME, {"files": files})
+    return str(root / MANIFEST_NAME)
+
+
+def write_json_atomically(path: str | os.PathLike, content: dict, indent: int = 1) -> None:
+    """`content` as JSON at `path`, atomically: a temporary file beside it, flushed to disk, then renamed over it."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
-        json.dump({"files": files}, f, indent=1)
+        json.dump(content, f, indent=indent)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, root / MANIFEST_NAME)
-    return str(root / MANIFEST_NAME)
+    os.replace(tmp, path)
 
 
 def checkpoint_problem(checkpoint_dir: str) -> str | None:
@@ -212,56 +166,3 @@ def last_complete_checkpoint(output_dir: str) -> tuple[str | None, list[tuple[st
             return path, skipped
         skipped.append((path, problem))
     return None, skipped
-
-
-class TrainingTerminated(KeyboardInterrupt):
-    """Training stopped on a signal (SIGTERM) after saving a checkpoint of its last step.
-
-    Attributes:
-        signal_number: the signal received (`signal.SIGTERM`).
-        step: the last optimizer step done, whose checkpoint was saved.
-    """
-
-    def __init__(self, signal_number: int, step: int):
-        super().__init__(signal_number, step)
-        self.signal_number, self.step = signal_number, step
-
-
-class TerminationHandler(TrainerCallback):
-    """Catches SIGTERM during `install` ... `uninstall` and, at the end of the next optimizer step (over all
-    processes: `accelerator`), asks transformers' loop to save a checkpoint and stop (`control.should_save`,
-    `control.should_training_stop`). `received` is the signal number once one arrived on any process, else None."""
-
-    def __init__(self, accelerator):
-        self.accelerator = accelerator
-        self.received: int | None = None
-        self._local: int | None = None
-        self._previous = None
-
-    def install(self) -> bool:
-        """Catch SIGTERM from now on; False (nothing changed) outside the main thread, where Python allows no
-        handler."""
-        try:
-            self._previous = signal.signal(signal.SIGTERM, self._on_signal)
-        except ValueError:  # not the main thread
-            return False
-        return True
-
-    def uninstall(self) -> None:
-        """Put back the handler SIGTERM had before `install`."""
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
-
-    def _on_signal(self, number, frame) -> None:
-        self._local = number
-
-    def on_step_end(self, args, state, control, **kwargs):
-        local = float(self._local or 0)
-        if self.accelerator.num_processes > 1:  # every process stops at the same step, or their collectives hang
-            local = self.accelerator.reduce(torch.tensor(local, device=self.accelerator.device), "max").item()
-        if local:
-            self.received = int(local)
-            control.should_save = True
-            control.should_training_stop = True
-        return control
