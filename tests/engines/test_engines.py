@@ -52,10 +52,12 @@ NAN = {"lora": 8, "grad_reg": ["zclip"], "zclip_warmup_steps": 2, "nan_step": NA
 
 # what the documented launch line of each engine adds to a preset (recipes/accelerate/<engine>.yaml's header): FSDP2
 # checkpoints activations itself, so the Trainer's own activation checkpointing (on in TRL's GRPOConfig) goes off
-LAUNCH_LINE = {"deepspeed_zero2": {}, "deepspeed_zero3": {}, "fsdp2": {"activation_checkpointing": False}}
+LAUNCH_LINE = {"deepspeed_zero2": {}, "deepspeed_zero3": {}, "fsdp2": {"gradient_checkpointing": False}}
 for engine in ENGINES:
     two_process(f"{engine}_features", {**FEATURES, **LAUNCH_LINE[engine]}, resume_step=2, engine=engine)
     two_process(f"{engine}_nan", {**NAN, **LAUNCH_LINE[engine]}, engine=engine)
+
+
 def engine_marks(name: str):
     return [pytest.param(engine, marks=pytest.mark.two_process(f"{engine}_{name}")) for engine in ENGINES]
 
@@ -131,7 +133,7 @@ def test_a_nan_step_is_skipped_and_training_goes_on(two_process_runs, engine):
 CPU_LAUNCH = {
     "deepspeed_zero2": ["--optim", "adamw_torch"],
     "deepspeed_zero3": ["--optim", "adamw_torch"],
-    "fsdp2": ["--optim", "adamw_torch", "--activation_checkpointing", "false"],
+    "fsdp2": ["--optim", "adamw_torch", "--gradient_checkpointing", "false"],
 }
 for engine, extra in CPU_LAUNCH.items():
     two_process(

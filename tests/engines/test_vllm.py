@@ -18,6 +18,7 @@ import contextlib
 import math
 import os
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -265,8 +266,11 @@ class _DrawnRows:
 
 def test_policy_groups_draw_as_without_vllm(vllm_model_dir, engine, requests_record, tmp_path):
     """The same grouped run with vLLM generating and with transformers generating, rewards that depend on the task
-    only: every step draws the same prompts, and the groups' weights come out the same."""
-    settings = dict(per_device_train_batch_size=12, policy_group_column="task")
+    only: every step draws the same prompts, and each group's reward statistics, draw counts and weights come out the
+    same. The score's credibility κ² (issue #69) correlates each reward with the policy's log-probability of its
+    completion, so it follows the completions each engine sampled; a floor of 1 draws every group alike whatever the
+    scores, so that the draws cannot follow it, and the draw is still the policy groups' (not TRL's: by group)."""
+    settings = dict(per_device_train_batch_size=12, policy_group_column="task", policy_group_sampling_floor=1.0)
     runs = {}
     for use_vllm in (True, False):
         requests_record.clear()
@@ -277,9 +281,19 @@ def test_policy_groups_draw_as_without_vllm(vllm_model_dir, engine, requests_rec
     (with_vllm, draws, requests), (without, draws_without, no_requests) = runs[True], runs[False]
     assert requests == [12, 12, 12] and no_requests == []
     assert draws == draws_without and len(draws) == 3 and len({row for draw in draws for row in draw}) > 3
-    weights = [{k: v for k, v in row.items() if k.endswith("/weight")} for row in _train_rows(with_vllm)]
-    assert len(weights[-1]) >= 3
-    assert weights == [{k: v for k, v in row.items() if k.endswith("/weight")} for row in _train_rows(without)]
+
+    def statistics(trainer, ends=("/reward", "/zero_std_frac", "/count", "/weight")):
+        return [{k: v for k, v in row.items() if k.endswith(ends)} for row in _train_rows(trainer)]
+
+    assert len(statistics(with_vllm)[-1]) >= 12
+    assert statistics(with_vllm) == statistics(without)
+    sizes = Counter(_dataset(48, seed=5)["task"])  # a group's weight: its draw share 1/K over its share of the rows
+    assert statistics(with_vllm, ("/weight",))[-1] == pytest.approx(
+        {f"policy_groups/{task}/weight": 48 / len(sizes) / n for task, n in sizes.items()}
+    )
+    for trainer in (with_vllm, without):
+        credibility = statistics(trainer, ("/credibility",))[-1]
+        assert len(credibility) >= 3 and all(0.0 <= value <= 1.0 for value in credibility.values()), credibility
     _assert_vllm_sampled_the_trainers_policy(with_vllm)
 
 

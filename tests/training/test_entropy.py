@@ -589,7 +589,10 @@ def test_per_group_target_without_policy_groups_is_an_error(tmp_path, tiny_model
             {"entropy_advantage_coef": float("inf")},
             r"entropy_advantage_coef must be a finite number in \[0, 1000\], got inf",
         ),
-        ({"entropy_reg": "target", "entropy_target": float("nan")}, "entropy_target must be a finite number, got nan"),
+        (  # TRL's own field, checked first (`trl_fields`)
+            {"entropy_reg": "target", "entropy_target": float("nan")},
+            r"entropy_target \(the entropy target in nats\) must be a finite number >= 0, got nan",
+        ),
         ({"clip_cov_lb": float("nan")}, "clip_cov_lb must be a finite number in .*, got nan"),
         ({"entropy_reg": 5}, "entropy_reg must be a list of modes .* got 5"),
         ({"entropy_reg": "clip_cov", "loss_type": "cispo"}, "clip_cov.* loss_type \\(got 'cispo'\\)"),

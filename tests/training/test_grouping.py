@@ -176,9 +176,7 @@ def test_plan_merge_picks_closest_pair():
     # (0, 3): |dr| 0.01, |ds| 0.04 -> 0.04; (1, 2): 0.03, 0.00 -> 0.03; any other pair has |dr| >= 0.39
     i, j, reason = plan_merge(names, reward, std, tol=0.05, min_groups=2)
     assert (i, j) == (1, 2)
-    assert (
-        reason == "merge 'b' and 'c': reward 0.500 vs 0.530, reward std 0.300 vs 0.300, both within tol=0.05"
-    )
+    assert reason == "merge 'b' and 'c': reward 0.500 vs 0.530, reward std 0.300 vs 0.300, both within tol=0.05"
     # tol 0.035 still admits (1, 2) only; tol 0.02 admits neither
     assert plan_merge(names, reward, std, tol=0.035, min_groups=2)[:2] == (1, 2)
     assert plan_merge(names, reward, std, tol=0.02, min_groups=2) is None

@@ -5,8 +5,8 @@ are overridden and some private attributes are read. All of that happens in this
 trl_grpo_ext; its modules split it by role:
 
     `surface`                 what is touched (`PRIVATE_METHODS`, `PRIVATE_ATTRIBUTES`, `TRANSFORMERS_INTERNALS`,
-                              `REPEAT_SAMPLER_FIELDS`), the versions (`WRITTEN_AGAINST`, `SUPPORTED`) and
-                              `check_contact_surface`, the check run when this package is imported
+                              `ACCELERATE_INTERNALS`, `REPEAT_SAMPLER_FIELDS`), the versions (`WRITTEN_AGAINST`,
+                              `SUPPORTED`) and `check_contact_surface`, the check run when this package is imported
     `hooks`                   `TRLContact`, the base of `trl_grpo_ext.GRPOTrainer` and the only class that overrides a
                               private method: each override forwards to a public hook of the same name without the
                               underscore and with a `hook_` prefix (`_compute_loss` -> `hook_compute_loss`,
@@ -78,6 +78,7 @@ from .generation_internals import (
 from .hooks import TRLContact, hook_name
 from .loop_state import GRPOLoopState
 from .surface import (
+    ACCELERATE_INTERNALS,
     ATTRIBUTE_OWNERS,
     FORWARD_KEYS,
     PRIVATE_ATTRIBUTES,
@@ -100,6 +101,7 @@ from .vllm_internals import (
 )
 
 __all__ = [
+    "ACCELERATE_INTERNALS",
     "ATTRIBUTE_OWNERS",
     "DEEPSPEED_ATTRIBUTES",
     "FORWARD_KEYS",
