@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -39,6 +40,21 @@ def test_every_yaml_parses_into_our_config(config):
     assert isinstance(script_args, recipe.GSM8KScriptArguments)
     header = config.read_text().splitlines()[:6]
     assert header[0].startswith("# ") and any("recipes/math_gsm8k.py" in line for line in header), header
+
+
+def test_the_smollm2_cpu_config_says_what_a_step_costs_and_why_completions_are_cut():
+    """Issue #72: its comment gives the step time measured on 2 idle cores, the share of it spent generating, and the
+    share of completions cut at the length limit with the reason, and no placeholder is left."""
+    config = (REPO_ROOT / "recipes/configs/smollm2_cpu.yaml").read_text()
+    text = " ".join(line.lstrip("# ") for line in config.splitlines() if line.startswith("#"))
+    assert "<LEAD" not in text and "Measured on 2 idle cores" in text
+    seconds = re.search(r"(\d+)-(\d+) s a step, (\d+)-(\d+)% \((\d+)-(\d+) s\) of it generating", text)
+    assert seconds is not None, text
+    low, high, share_low, share_high, gen_low, gen_high = map(int, seconds.groups())
+    assert low <= high and gen_low <= gen_high and share_low <= share_high
+    assert share_low <= 100 * gen_high / low and 100 * gen_low / high <= share_high  # the share agrees with the times
+    assert re.search(r"do not end inside the 128-token limit \(completions/clipped_ratio 0\.\d+", text)
+    assert "max_completion_length: 128" in config
 
 
 def test_unknown_yaml_field_is_named(tmp_path):
