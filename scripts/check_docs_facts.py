@@ -199,11 +199,14 @@ NUMBERS = {2: "Two", 3: "Three", 4: "Four", 5: "Five", 6: "Six", 7: "Seven", 8: 
 def derived(name: str, fact: dict, root: Path = ROOT) -> str:
     """The value of fact `name` recomputed from its source (`derive`); raises ValueError when the source does not
     give one."""
-    if fact["derive"] == "policy_group_seeds":
-        readme = (root / "benchmarks" / "policy_groups" / "README.md").read_text(encoding="utf-8")
-        table = readme[readme.index("| mix | groups (share of prompts) | seeds |") :].split("\n\n")[0]
-        seeds = [int(row.split("|")[3]) for row in table.splitlines()[2:]]
-        return f"{min(seeds)}-{max(seeds)}"
+    if fact["derive"] in ("real_model_steps", "real_model_oracle_share"):  # the report's line of `variant`
+        report = (root / "benchmarks" / "real_model" / "results" / "real_model_mix.txt").read_text(encoding="utf-8")
+        line = next((line for line in report.splitlines() if line.startswith(f"{fact['variant']} (seeds")), "")
+        wanted = r"steps x([\d.]+)," if fact["derive"] == "real_model_steps" else r"; (\d+%) of oracle_groups's gain"
+        match = re.search(wanted, line)
+        if match is None:
+            raise ValueError(f"real_model_mix.txt has no {wanted!r} for {fact['variant']}")
+        return f"{match[1]}×" if fact["derive"] == "real_model_steps" else match[1]
     if fact["derive"] == "opt_in_features":
         pages = {path.stem for path in (root / "docs" / "features").glob("*.md")}
         listed = set(fact["opt_in"]) | set(fact["other"])

@@ -20,7 +20,7 @@ def facts_check():
 def test_every_page_agrees_with_the_facts_and_names_its_gpu_measurements(facts_check):
     assert facts_check.facts_check() == []
     facts = facts_check.load_facts()
-    assert {"demo_no_signal_steps", "demo_final_length", "policy_group_seeds", "policy_group_oracle_share",
+    assert {"demo_no_signal_steps", "demo_final_length", "policy_group_real_steps", "policy_group_oracle_share",
             "opt_in_features", "bit_for_bit", "gpu_status"} <= set(facts)  # fmt: skip
 
 
@@ -34,11 +34,12 @@ def test_a_page_that_disagrees_is_named(facts_check):
         assert changed[page] != pages[page], (page, old)
         return facts_check.check_facts(facts, changed)
 
-    assert found("docs/features/policy-groups.md", "(median of 5-20 seeds)", "(median of 5 or 10 seeds)") == [
-        "docs/features/policy-groups.md: policy_group_seeds is '5 or 10' here, '5-20' in docs/facts.toml"
+    steps = facts["policy_group_real_steps"]["value"]
+    assert found("docs/features/policy-groups.md", f"threshold in {steps} stock", "threshold in 0.5× stock") == [
+        f"docs/features/policy-groups.md: policy_group_real_steps is '0.5×' here, '{steps}' in docs/facts.toml"
     ]
-    assert found("docs/getting-started.md", "ends with 10 steps (30-39)", "ends with 9 steps (30-39)") == [
-        "docs/getting-started.md: demo_no_signal_count is '9' here, '10' in docs/facts.toml"
+    assert found("docs/getting-started.md", "ends with 9 steps (31-39)", "ends with 10 steps (31-39)") == [
+        "docs/getting-started.md: demo_no_signal_count is '10' here, '9' in docs/facts.toml"
     ]
     assert found("README.md", "Five opt-in features", "Three opt-in features") == [
         "README.md: opt_in_features is 'Three' here, 'Five' in docs/facts.toml"
@@ -50,12 +51,12 @@ def test_a_page_that_disagrees_is_named(facts_check):
         "docs/recipes/notebooks.md: does not say 'not yet run on a GPU' (gpu_status)"
     ]
     # the source of a derived fact changes: the value it gives is named
-    table_row = "| three_unequal (640) | learnable 60% and 10%, solved 30% | 20 |"
-    benchmark = pages["benchmarks/policy_groups/README.md"]
-    assert table_row in benchmark
-    seeds = {**facts, "policy_group_seeds": {**facts["policy_group_seeds"], "value": "5-10"}}
-    assert "docs/facts.toml: policy_group_seeds = '5-10', but its source gives '5-20'" in facts_check.check_facts(
-        seeds, pages
+    report = (REPO_ROOT / "benchmarks" / "real_model" / "results" / "real_model_mix.txt").read_text()
+    [line] = [line for line in report.splitlines() if line.startswith("policy_groups (seeds [")]
+    assert f"): steps x{steps[:-1]}," in line
+    stale = {**facts, "policy_group_real_steps": {**facts["policy_group_real_steps"], "value": "0.5×"}}
+    assert f"docs/facts.toml: policy_group_real_steps = '0.5×', but its source gives '{steps}'" in (
+        facts_check.check_facts(stale, pages)
     )
     features = {**facts, "opt_in_features": {**facts["opt_in_features"], "other": ["resume"]}}
     assert any("add the new page to opt_in or other" in line for line in facts_check.check_facts(features, pages))
