@@ -109,7 +109,8 @@ def test_notebook_runs_in_smoke_mode(name, gsm8k_dir, kernel_of_this_python, tmp
     assert not [output for output in outputs if output["output_type"] == "error"]
     assert any(output.get("data", {}).get("image/png") for output in outputs), "no plot was shown"
     text = "".join(output.get("text", "") for output in outputs)
-    assert str(gsm8k_dir.resolve()) in text, "the notebook did not read the local GSM8K copy"
+    folders = (str(gsm8k_dir), str(gsm8k_dir.resolve()))  # as given or resolved: a symlinked ../shared prints as given
+    assert any(folder in text for folder in folders), "the notebook did not read the local GSM8K copy"
     assert "precision: fp32" in text  # the CPU
     # Without a GPU the T4 preset is shown, estimated against a 16 GB card, with its launch command.
     assert "gsm8k-t4.yaml: Qwen/Qwen2.5-1.5B-Instruct, LoRA r=16, fp16 (float16)" in text
