@@ -124,44 +124,26 @@ class PolicyGroupFields:
 def check_policy_group_fields(args) -> None:
     """Rules between policy-group fields (each field alone is checked by its declaration)."""
     if not args.min_policy_groups <= args.max_policy_groups:
-        raise ValueError(
-            f"need min_policy_groups ({args.min_policy_groups}) <= max_policy_groups ({args.max_policy_groups})"
-        )
+        raise ValueError(f"need min_policy_groups ({args.min_policy_groups}) <= max_policy_groups "
+                         f"({args.max_policy_groups})")  # fmt: skip
     if policy_grouping_requested(args) and args.remove_unused_columns:
-        raise ValueError(
-            "policy grouping needs remove_unused_columns=False (got True): the trainer reads each row's policy "
-            "group from the dataset"
-        )
+        raise ValueError("policy grouping needs remove_unused_columns=False (got True): the trainer reads each row's "
+                         "policy group from the dataset")  # fmt: skip
     start, warmup = args.policy_group_fusion_start, args.policy_group_warmup_steps
     if warmup is not None and start is not None and start >= 1 and warmup >= start:
-        raise ValueError(
-            f"warm-up must end before fusion starts: policy_group_warmup_steps ({warmup}) must be < "
-            f"policy_group_fusion_start ({start:g})"
-        )
+        raise ValueError(f"warm-up must end before fusion starts: policy_group_warmup_steps ({warmup}) must be < "
+                         f"policy_group_fusion_start ({start:g})")  # fmt: skip
     if start is not None and start >= 1 and args.max_steps > 0 and start > args.max_steps:
-        raise ValueError(
-            f"policy_group_fusion_start ({start:g}) is after the run's last step (max_steps={args.max_steps}): "
-            "fusion would never start"
-        )
+        raise ValueError(f"policy_group_fusion_start ({start:g}) is after the run's last step (max_steps="
+                         f"{args.max_steps}): fusion would never start")  # fmt: skip
 
 
-POLICY_GROUP_CONFIG = ConfigPart(
-    PolicyGroupFields,
-    ranges={
-        "num_policy_groups": Range(1),
-        "policy_group_sampling_floor": Range(0, 1),
-        "policy_group_halflife": Range(0, 1e9, low_open=True),
-        "policy_group_eta": Range(0, 1, low_open=True),
-        "policy_group_update_steps": Range(1),
-        "policy_group_regroup_steps": Range(1),
-        "policy_group_merge_tol": Range(0, 1e6),
-        "policy_group_split_gap": Range(0, 1, low_open=True),
-        "policy_group_min_size": Range(1),
-        "max_policy_groups": Range(1),
-        "min_policy_groups": Range(1),
-        "policy_group_warmup_steps": Range(1),
-        "policy_group_fusion_start": Range(0, 1e9, low_open=True, whole_from=1),
-        "policy_group_fusion_anneal_steps": Range(0),
-    },
-    checks=(check_policy_group_fields,),
-)
+POLICY_GROUP_CONFIG = ConfigPart(PolicyGroupFields, checks=(check_policy_group_fields,), ranges={
+    "num_policy_groups": Range(1), "policy_group_sampling_floor": Range(0, 1),
+    "policy_group_halflife": Range(0, 1e9, low_open=True), "policy_group_eta": Range(0, 1, low_open=True),
+    "policy_group_update_steps": Range(1), "policy_group_regroup_steps": Range(1),
+    "policy_group_merge_tol": Range(0, 1e6), "policy_group_split_gap": Range(0, 1, low_open=True),
+    "policy_group_min_size": Range(1), "max_policy_groups": Range(1), "min_policy_groups": Range(1),
+    "policy_group_warmup_steps": Range(1), "policy_group_fusion_start": Range(0, 1e9, low_open=True, whole_from=1),
+    "policy_group_fusion_anneal_steps": Range(0),
+})  # fmt: skip
