@@ -24,9 +24,8 @@ KMEANS_N_INIT = 10  # k-means++ restarts; the best inertia wins (Arthur & Vassil
 
 def _names_and_assignment(keys: list[str]) -> tuple[list[str], np.ndarray]:
     """Sorted distinct `keys` as group names, and each key's group id: shape (N,) int64."""
-    names = sorted(set(keys))
-    index = {name: i for i, name in enumerate(names)}
-    return names, np.array([index[key] for key in keys], dtype=np.int64)
+    names, ids = np.unique(np.array(keys, dtype=object), return_inverse=True)  # sorted as Python sorts strings
+    return list(names), ids.astype(np.int64).reshape(-1)
 
 
 def assign_from_column(dataset: Dataset, column: str) -> tuple[list[str], np.ndarray]:
@@ -112,8 +111,6 @@ def kmeans_assign(features, num_groups: int, seed: int) -> np.ndarray:
     n = features.shape[0]
     if not 1 <= num_groups <= n:
         raise ValueError(f"num_policy_groups ({num_groups}) must be between 1 and the number of prompts ({n})")
-    if num_groups == 1:
-        return np.zeros(n, dtype=np.int64)
     from sklearn.cluster import KMeans
 
     kmeans = KMeans(n_clusters=num_groups, random_state=seed, n_init=KMEANS_N_INIT, algorithm="lloyd")

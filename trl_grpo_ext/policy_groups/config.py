@@ -138,12 +138,23 @@ def check_policy_group_fields(args) -> None:
                          f"{args.max_steps}): fusion would never start")  # fmt: skip
 
 
-POLICY_GROUP_CONFIG = ConfigPart(PolicyGroupFields, checks=(check_policy_group_fields,), ranges={
-    "num_policy_groups": Range(1), "policy_group_sampling_floor": Range(0, 1),
-    "policy_group_halflife": Range(0, 1e9, low_open=True), "policy_group_eta": Range(0, 1, low_open=True),
-    "policy_group_update_steps": Range(1), "policy_group_regroup_steps": Range(1),
-    "policy_group_merge_tol": Range(0, 1e6), "policy_group_split_gap": Range(0, 1, low_open=True),
-    "policy_group_min_size": Range(1), "max_policy_groups": Range(1), "min_policy_groups": Range(1),
-    "policy_group_warmup_steps": Range(1), "policy_group_fusion_start": Range(0, 1e9, low_open=True, whole_from=1),
-    "policy_group_fusion_anneal_steps": Range(0),
-})  # fmt: skip
+POLICY_GROUP_CONFIG = ConfigPart(
+    PolicyGroupFields,
+    ranges={
+        "num_policy_groups": Range(1),
+        "policy_group_sampling_floor": Range(0, 1),
+        "policy_group_halflife": Range(0, 1e9, low_open=True),
+        "policy_group_eta": Range(0, 1, low_open=True),
+        "policy_group_update_steps": Range(1),
+        "policy_group_regroup_steps": Range(1),
+        "policy_group_merge_tol": Range(0, 1e6),
+        "policy_group_split_gap": Range(0, 1, low_open=True),
+        "policy_group_min_size": Range(1),
+        "max_policy_groups": Range(1),
+        "min_policy_groups": Range(1),
+        "policy_group_warmup_steps": Range(1),
+        "policy_group_fusion_start": Range(0, 1e9, low_open=True, whole_from=1),
+        "policy_group_fusion_anneal_steps": Range(0),
+    },
+    checks=(check_policy_group_fields,),
+)
