@@ -4,6 +4,7 @@ import json
 import re
 import warnings
 from collections import Counter
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from datasets import Dataset
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.exceptions import ConvergenceWarning
 
+from trl_grpo_ext.dataset_preparation import check_dataset_columns
 from trl_grpo_ext.gsm8k.data import gsm8k_difficulty
 from trl_grpo_ext.policy_groups.assignment import (
     assign_from_callable,
@@ -45,12 +47,15 @@ def test_assign_from_column_sorts_names(tasks):
 
 
 def test_missing_column_lists_the_columns(tasks):
+    """The trainer checks the column before `assign_from_column` runs (`check_dataset_columns`, before the model
+    loads), naming the dataset's columns."""
     message = (
         "policy_group_column='source' is not a column of the training dataset; "
         "its columns are ['prompt', 'task', 'level']"
     )
+    args = SimpleNamespace(policy_group_column="source", remove_unused_columns=False)
     with pytest.raises(ValueError, match=re.escape(message)):
-        assign_from_column(tasks, "source")
+        check_dataset_columns(tasks, None, args)
 
 
 def test_assign_from_callable(tasks):

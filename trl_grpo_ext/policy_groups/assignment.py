@@ -7,13 +7,14 @@ the group id (0..K-1) of each dataset row. Functions return a new `(names, assig
 scikit-learn is imported only by the k-means and TF-IDF functions, when such a grouping runs.
 """
 
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 from datasets import Dataset
 
-from ..dataset_preparation import ROW_COLUMN, message_text
+from ..dataset_preparation import message_text
 
 if TYPE_CHECKING:
     import scipy.sparse as sp
@@ -23,23 +24,19 @@ KMEANS_N_INIT = 10  # k-means++ restarts; the best inertia wins (Arthur & Vassil
 
 def _names_and_assignment(keys: list[str]) -> tuple[list[str], np.ndarray]:
     """Sorted distinct `keys` as group names, and each key's group id: shape (N,) int64."""
-    names = sorted(set(keys))
-    index = {name: i for i, name in enumerate(names)}
-    return names, np.array([index[key] for key in keys], dtype=np.int64)
+    names, ids = np.unique(np.array(keys, dtype=object), return_inverse=True)  # sorted as Python sorts strings
+    return list(names), ids.astype(np.int64).reshape(-1)
 
 
 def assign_from_column(dataset: Dataset, column: str) -> tuple[list[str], np.ndarray]:
     """One policy group per distinct (stringified) value of `column`; names sorted, so the result is deterministic.
 
+    `column` must be a column of `dataset`: the trainer checks that before it loads the model, naming the dataset's
+    columns (`dataset_preparation.check_dataset_columns`).
+
     Raises:
-        ValueError: `column` is not a column of `dataset` (the message lists the dataset's columns), or a row has no
-            value (None) in it (the message names the row).
+        ValueError: a row has no value (None) in `column` (the message names the row).
     """
-    if column not in dataset.column_names:
-        raise ValueError(
-            f"policy_group_column={column!r} is not a column of the training dataset; "
-            f"its columns are {[c for c in dataset.column_names if c != ROW_COLUMN]}"
-        )
     values = dataset[column]
     missing = next((i for i, value in enumerate(values) if value is None), None)
     if missing is not None:
@@ -57,10 +54,8 @@ def assign_from_callable(dataset: Dataset, fn: Callable[[dict], str]) -> tuple[l
     for index, example in enumerate(dataset):
         key = fn(example)
         if not isinstance(key, str):
-            raise ValueError(
-                f"the policy group function returned {key!r} ({type(key).__name__}) for row {index}; "
-                "a policy group name must be a str"
-            )
+            raise ValueError(f"the policy group function returned {key!r} ({type(key).__name__}) for row {index}; "
+                             "a policy group name must be a str")  # fmt: skip
         keys.append(key)
     return _names_and_assignment(keys)
 
@@ -73,13 +68,10 @@ def prompt_texts(dataset: Dataset) -> list[str]:
     and assistant turns are left out, as they are usually the same on every row (a shared system prompt, few-shot
     answers) and would only blur the clusters.
     """
-    texts = []
-    for prompt in dataset["prompt"]:
-        if isinstance(prompt, str):
-            texts.append(prompt)
-        else:
-            texts.append("\n".join(message_text(m) for m in prompt if m.get("role") == "user"))
-    return texts
+    return [
+        prompt if isinstance(prompt, str) else "\n".join(message_text(m) for m in prompt if m.get("role") == "user")
+        for prompt in dataset["prompt"]
+    ]
 
 
 def tfidf_features(texts: list[str]) -> "sp.csr_matrix":
@@ -102,10 +94,8 @@ def canonical_labels(labels: np.ndarray) -> np.ndarray:
 
     The same partition of the rows always gets the same ids, whatever ids the clustering gave it.
     """
-    uniques, first, inverse = np.unique(np.asarray(labels), return_index=True, return_inverse=True)
-    rank = np.empty(len(uniques), dtype=np.int64)
-    rank[np.argsort(first)] = np.arange(len(uniques))
-    return rank[inverse.reshape(-1)]
+    _, first, inverse = np.unique(np.asarray(labels), return_index=True, return_inverse=True)
+    return np.argsort(np.argsort(first))[inverse.reshape(-1)]  # each cluster's rank by its first row
 
 
 def kmeans_assign(features, num_groups: int, seed: int) -> np.ndarray:
@@ -121,8 +111,6 @@ def kmeans_assign(features, num_groups: int, seed: int) -> np.ndarray:
     n = features.shape[0]
     if not 1 <= num_groups <= n:
         raise ValueError(f"num_policy_groups ({num_groups}) must be between 1 and the number of prompts ({n})")
-    if num_groups == 1:
-        return np.zeros(n, dtype=np.int64)
     from sklearn.cluster import KMeans
 
     kmeans = KMeans(n_clusters=num_groups, random_state=seed, n_init=KMEANS_N_INIT, algorithm="lloyd")
@@ -135,6 +123,17 @@ def kmeans_groups(features, num_groups: int, seed: int, prefix: str = "cluster")
     return [f"{prefix}{i}" for i in range(int(assignment.max(initial=-1)) + 1)], assignment
 
 
+def assign_groups(dataset: Dataset, args, fn: Callable[[dict], str] | None) -> tuple[list[str], np.ndarray]:
+    """The policy groups a run starts with: by `fn` (the trainer's `policy_group_fn`) when given, else by
+    `args.policy_group_column`, else k-means (`num_policy_groups`, seeded by `args.seed`) over the TF-IDF features of
+    the prompts. Raises the ValueError of the assignment it runs."""
+    if fn is not None:
+        return assign_from_callable(dataset, fn)
+    if args.policy_group_column is not None:
+        return assign_from_column(dataset, args.policy_group_column)
+    return kmeans_groups(tfidf_features(prompt_texts(dataset)), args.num_policy_groups, args.seed)
+
+
 def row_key(row: dict, fn, column: str | None) -> str | None:
     """The key that placed a dataset row in its group at the start: `fn(row)` (`policy_group_fn`) or the row's
     `column` value, as a string; None for k-means groups or a row the function cannot name."""
@@ -143,17 +142,14 @@ def row_key(row: dict, fn, column: str | None) -> str | None:
             return str(fn(row))
         except Exception:  # an evaluation row may lack what the function reads: it is reported as unassigned
             return None
-    if column is not None and row.get(column) is not None:
-        return str(row[column])
-    return None
+    return str(row[column]) if column is not None and row.get(column) is not None else None
 
 
 def group_of_key(keys: list[str | None], assignment: list[int], names: list[str]) -> dict[str, str]:
     """Key -> name of the current group holding most training rows with that key, from each training row's key
     (`row_key`) and group id (groups get split, merged and renamed during training; keys stay). {} without keys."""
-    votes: dict[str, dict[int, int]] = {}
+    votes: dict[str, Counter] = {}  # key -> {group id: rows}
     for key, group in zip(keys, assignment, strict=True) if keys else ():
         if key is not None:
-            votes.setdefault(key, {}).setdefault(group, 0)
-            votes[key][group] += 1
+            votes.setdefault(key, Counter())[group] += 1
     return {key: names[max(count, key=count.get)] for key, count in votes.items()}

@@ -124,25 +124,18 @@ class PolicyGroupFields:
 def check_policy_group_fields(args) -> None:
     """Rules between policy-group fields (each field alone is checked by its declaration)."""
     if not args.min_policy_groups <= args.max_policy_groups:
-        raise ValueError(
-            f"need min_policy_groups ({args.min_policy_groups}) <= max_policy_groups ({args.max_policy_groups})"
-        )
+        raise ValueError(f"need min_policy_groups ({args.min_policy_groups}) <= max_policy_groups "
+                         f"({args.max_policy_groups})")  # fmt: skip
     if policy_grouping_requested(args) and args.remove_unused_columns:
-        raise ValueError(
-            "policy grouping needs remove_unused_columns=False (got True): the trainer reads each row's policy "
-            "group from the dataset"
-        )
+        raise ValueError("policy grouping needs remove_unused_columns=False (got True): the trainer reads each row's "
+                         "policy group from the dataset")  # fmt: skip
     start, warmup = args.policy_group_fusion_start, args.policy_group_warmup_steps
     if warmup is not None and start is not None and start >= 1 and warmup >= start:
-        raise ValueError(
-            f"warm-up must end before fusion starts: policy_group_warmup_steps ({warmup}) must be < "
-            f"policy_group_fusion_start ({start:g})"
-        )
+        raise ValueError(f"warm-up must end before fusion starts: policy_group_warmup_steps ({warmup}) must be < "
+                         f"policy_group_fusion_start ({start:g})")  # fmt: skip
     if start is not None and start >= 1 and args.max_steps > 0 and start > args.max_steps:
-        raise ValueError(
-            f"policy_group_fusion_start ({start:g}) is after the run's last step (max_steps={args.max_steps}): "
-            "fusion would never start"
-        )
+        raise ValueError(f"policy_group_fusion_start ({start:g}) is after the run's last step (max_steps="
+                         f"{args.max_steps}): fusion would never start")  # fmt: skip
 
 
 POLICY_GROUP_CONFIG = ConfigPart(

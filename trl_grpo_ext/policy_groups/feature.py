@@ -11,15 +11,7 @@ from ..dataset_preparation import ROW_COLUMN
 from ..feature_api import Feature, Regroup, local_rows, prompts_per_draw, total_rewards
 from ..trl_contact import log_total, loss_mask, metrics
 from . import regrouping, score
-from .assignment import (
-    assign_from_callable,
-    assign_from_column,
-    group_of_key,
-    kmeans_groups,
-    prompt_texts,
-    row_key,
-    tfidf_features,
-)
+from .assignment import assign_groups, group_of_key, row_key
 from .config import policy_grouping_requested, stages_requested
 from .state import PolicyGroupState
 
@@ -64,43 +56,26 @@ class PolicyGroups(Feature):
 
     def __init__(self, trainer):
         super().__init__(trainer)
+        args = trainer.args
         self._batch = None  # (gathered rewards per function (N, F), dataset rows (N,)) of this generation batch
         self._logps: list[tuple[torch.Tensor, torch.Tensor]] = []  # (completion indices, mean log-probabilities)
-        self._keys: list[str | None] = []  # each training row's group key (column value or function name)
-        self.groups = self._build_groups()
+        names, assignment = assign_groups(trainer.train_dataset, args, trainer.policy_group_fn)
+        # each training row's key (`assignment.row_key`), its first group's name (k-means: no evaluation row has one)
+        self._keys = [names[i] for i in assignment]
+        self.groups = PolicyGroupState(names, assignment, args.seed, args.policy_group_warmup_steps is not None)
+        logger.info("Policy groups: %s", dict(zip(names, self.groups.sizes.tolist(), strict=True)))
 
     @classmethod
     def build(cls, trainer) -> "PolicyGroups | None":
-        if not (policy_grouping_requested(trainer.args) or trainer.policy_group_fn is not None):
-            return None
-        return cls(trainer)
+        return cls(trainer) if policy_grouping_requested(trainer.args) or trainer.policy_group_fn is not None else None
 
     def state(self) -> PolicyGroupState:
         return self.groups
 
-    def _build_groups(self) -> PolicyGroupState:
-        trainer = self.trainer
-        args, dataset, fn = trainer.args, trainer.train_dataset, trainer.policy_group_fn
-        if fn is not None:
-            names, assignment = assign_from_callable(dataset, fn)
-        elif args.policy_group_column is not None:
-            names, assignment = assign_from_column(dataset, args.policy_group_column)
-        else:
-            features = tfidf_features(prompt_texts(dataset))
-            names, assignment = kmeans_groups(features, args.num_policy_groups, args.seed)
-        if fn is not None or args.policy_group_column is not None:
-            self._keys = [self._key(row) for row in dataset]
-        state = PolicyGroupState(
-            names, torch.as_tensor(assignment), args.seed, args.policy_group_warmup_steps is not None
-        )
-        logger.info("Policy groups: %s", dict(zip(names, state.sizes.tolist(), strict=True)))
-        return state
-
     # -- generation batch, rewards, advantages
 
     def generation_batch(self, inputs: list[dict], keep) -> list[dict] | None:
-        trainer = self.trainer
-        if not trainer.model.training or trainer.args.policy_group_sampling == "uniform":
+        if not self.trainer.model.training or self.trainer.args.policy_group_sampling == "uniform":
             return None  # TRL's order (or, with prompt skipping, its uniform draw)
         return self.draw_generation_batch(len(inputs), keep)
 
@@ -114,25 +89,22 @@ class PolicyGroups(Feature):
 
     def rewards(self, inputs: list[dict], rewards_per_func: torch.Tensor) -> None:
         trainer = self.trainer
-        if trainer.model.training:
-            rows = torch.tensor([row[ROW_COLUMN] for row in inputs], device=rewards_per_func.device)
-            self._batch = (rewards_per_func, trainer.accelerator.gather(rows))
-        else:
-            self._log_eval(inputs, rewards_per_func)
+        if not trainer.model.training:
+            return self._log_eval(inputs, rewards_per_func)
+        rows = torch.tensor([row[ROW_COLUMN] for row in inputs], device=rewards_per_func.device)
+        self._batch = (rewards_per_func, trainer.accelerator.gather(rows))
 
     def _log_eval(self, inputs: list[dict], rewards_per_func: torch.Tensor) -> None:
         """Mean evaluation reward per policy group; a prompt whose group the training run does not know (or that
         k-means grouping cannot place) is reported under `unassigned`."""
-        keys = [self._key(row) for row in inputs]
-        current = group_of_key(self._keys, self.groups.assignment.tolist(), self.groups.names)
+        trainer, groups = self.trainer, self.groups
+        current = group_of_key(self._keys, groups.assignment.tolist(), groups.names)
+        keys = [row_key(row, trainer.policy_group_fn, trainer.args.policy_group_column) for row in inputs]
         names = gather_object([current.get(key, "unassigned") for key in keys])
-        rewards = total_rewards(rewards_per_func, self.trainer.reward_weights)
+        rewards = total_rewards(rewards_per_func, trainer.reward_weights)
         for name in sorted(set(names)):
             values = rewards[torch.tensor([n == name for n in names])]
-            metrics(self.trainer, "eval")[f"policy_groups/{name}/reward"].append(torch.nanmean(values).item())
-
-    def _key(self, row: dict) -> str | None:
-        return row_key(row, self.trainer.policy_group_fn, self.trainer.args.policy_group_column)
+            metrics(trainer, "eval")[f"policy_groups/{name}/reward"].append(torch.nanmean(values).item())
 
     def advantages(self, output: dict) -> None:
         if self.trainer.model.training:
@@ -145,8 +117,7 @@ class PolicyGroups(Feature):
         for the log-probabilities `policy_logps` notes)."""
         trainer = self.trainer
         args, state, accelerator = trainer.args, self.groups, trainer.accelerator
-        rewards_per_func, rows = (t.cpu() for t in self._batch)  # (N, F), (N,)
-        rewards = total_rewards(rewards_per_func, trainer.reward_weights)  # (N,)
+        rewards, rows = total_rewards(self._batch[0], trainer.reward_weights), self._batch[1].cpu()  # (N,), (N,)
         # a completion TRL's loss leaves out (masked as truncated, `mask_truncated_completions`) is left out here too
         tokens = accelerator.gather(loss_mask(output).sum(dim=1)).cpu()  # (N,)
         rewards[tokens == 0] = torch.nan
@@ -202,11 +173,10 @@ class PolicyGroups(Feature):
         fusion, merge the groups that did well."""
         if not stages_requested(self.trainer.args):
             return
-        stages = self.groups.stages
-        for reason in stages.advance(step, self.trainer.args, self.trainer.state.max_steps):
+        for reason in self.groups.stages.advance(step, self.trainer.args, self.trainer.state.max_steps):
             logger.warning("Policy groups: %s", reason)
             self.groups.events.append(reason)
-            if stages.stage == "fusion":
+            if self.groups.stages.stage == "fusion":
                 while self._merge(regrouping.plan_fusion_merge, self.groups.sums["prompts"] > 0, step, "fusion: "):
                     pass
 
@@ -217,12 +187,10 @@ class PolicyGroups(Feature):
         reward = torch.where(seen, sums["reward"] / sums["prompts"], torch.nan).numpy()
         std = torch.where(seen, (sums["variance"] / sums["prompts"]).sqrt(), torch.nan).numpy()
         merge = plan(self.groups.names, reward, std, args.policy_group_merge_tol, args.min_policy_groups)
-        if merge is None:
-            return False
-        i, j, reason = merge
-        names, assignment = regrouping.apply_merge(self.groups.names, self.groups.assignment.numpy(), i, j)
-        self.regroup_to(names, assignment, f"step {step}: {label}{reason}")
-        return True
+        if merge is not None:  # (i, j, reason)
+            names, assignment = regrouping.apply_merge(self.groups.names, self.groups.assignment.numpy(), *merge[:2])
+            self.regroup_to(names, assignment, f"step {step}: {label}{merge[2]}")
+        return merge is not None
 
     # -- regrouping
 
@@ -248,9 +216,7 @@ class PolicyGroups(Feature):
 
     def regroup_to(self, names: list[str], assignment, reason: str) -> None:
         """Replace the groups by `names` / `assignment` (N,) and announce the change (`feature_api.Regroup`)."""
-        old_names, old_assignment = tuple(self.groups.names), self.groups.assignment.clone()
+        old = tuple(self.groups.names), self.groups.assignment.clone()
         self.groups.regroup(names, torch.as_tensor(assignment), reason)
         logger.warning("Policy groups: %s -> %s", reason, self.groups.names)
-        self.trainer._announce(
-            Regroup(old_names, old_assignment, tuple(self.groups.names), self.groups.assignment.clone(), reason)
-        )
+        self.trainer._announce(Regroup(*old, tuple(self.groups.names), self.groups.assignment.clone(), reason))

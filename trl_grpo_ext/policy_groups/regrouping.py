@@ -29,14 +29,12 @@ def apply_split(names: list[str], assignment: np.ndarray, group: int, high_ids) 
     Raises:
         ValueError: a row of `high_ids` is not in `group`, or the split would leave either side empty.
     """
-    assignment, high_ids = np.asarray(assignment, dtype=np.int64), np.unique(np.asarray(high_ids, dtype=np.int64))
+    assignment, high_ids = np.array(assignment, dtype=np.int64), np.unique(np.asarray(high_ids, dtype=np.int64))
     in_group = np.flatnonzero(assignment == group)
     if not np.isin(high_ids, in_group).all() or len(high_ids) in (0, len(in_group)):
         raise ValueError(f"splitting {names[group]!r} needs 1..{len(in_group) - 1} of its own rows in high_ids")
-    new_assignment = assignment.copy()
-    new_assignment[high_ids] = len(names)
-    new_names = [f"{name}/lo" if k == group else name for k, name in enumerate(names)]
-    return [*new_names, f"{names[group]}/hi"], new_assignment
+    assignment[high_ids] = len(names)  # `np.array` copied it: the caller's array is left as it was
+    return [*(f"{name}/lo" if k == group else name for k, name in enumerate(names)), f"{names[group]}/hi"], assignment
 
 
 def plan_merge(names: list[str], reward, reward_std, tol: float, min_groups: int) -> tuple[int, int, str] | None:
@@ -92,8 +90,7 @@ def plan_split(
         raise ValueError(f"prompt_ids {ids.shape} and prompt_success {x.shape} must be 1-D of the same length")
     if np.isnan(x).any():
         raise ValueError(f"prompt_success of policy group {name!r} has NaN; pass only prompts that were scored")
-    v = np.sort(x)
-    n = len(v)
+    v, n = np.sort(x), len(x)
     splits = np.flatnonzero(v[1:] > v[:-1]) + 1  # left = v[:s], right = v[s:]
     if len(splits) == 0:
         return None

@@ -82,8 +82,7 @@ def credibility(rl: torch.Tensor, rr: torch.Tensor, ll: torch.Tensor, df: torch.
     r = torch.where(known, rl / (rr * ll).clamp(min=1e-300).sqrt(), 0.0).clamp(-0.995, 0.995)
     precision = torch.where(known, df - 2, 0.0)  # 1 / var(atanh r)
     log_like = -0.5 * precision[:, None] * (torch.atanh(r)[:, None] - torch.atanh(_RHO)[None, :]) ** 2  # (K, R)
-    posterior = torch.softmax(log_like, dim=1)
-    return (posterior * _RHO**2).sum(1)
+    return (torch.softmax(log_like, dim=1) * _RHO**2).sum(1)  # the posterior mean of ρ²
 
 
 def signal(sums: dict) -> torch.Tensor:

@@ -27,9 +27,7 @@ def fusion_step(start: float, max_steps: int) -> int:
 
 def fusion_mix(step: int, start: int, anneal_steps: int) -> float:
     """λ in [0, 1], how far the draw and the weights are back to TRL's at `step` of a fusion from `start`."""
-    if anneal_steps == 0:
-        return 1.0
-    return min(1.0, max(0.0, (step - start) / anneal_steps))
+    return 1.0 if anneal_steps == 0 else min(1.0, max(0.0, (step - start) / anneal_steps))
 
 
 def stage_checkpoint_defaults() -> dict:
@@ -44,14 +42,19 @@ class StageSchedule:
 
     Args:
         warmup: whether the run starts in warm-up (`policy_group_warmup_steps` is set).
+
+    Attributes:
+        stage: the stage, one of `STAGES`.
+        since: the global step the stage began at.
+        uniform_mix: λ, 1 in warm-up, 0 in competition, 0 -> 1 in fusion.
+        fusion_at: fusion's global step once resolved against the run's length, else None.
+        events: each stage change, with its reason.
     """
 
     def __init__(self, warmup: bool):
-        self.stage = "warmup" if warmup else "competition"
-        self.since = 0  # the global step the stage began at
-        self.uniform_mix = 1.0 if warmup else 0.0  # λ: 1 in warm-up, 0 in competition, 0 -> 1 in fusion
-        self.fusion_at: int | None = None  # fusion's step, resolved against the run's length
-        self.events: list[str] = []  # each stage change, with its reason
+        vars(self).update(stage_checkpoint_defaults())
+        if warmup:
+            self.stage, self.uniform_mix = "warmup", 1.0
 
     @property
     def index(self) -> int:
@@ -60,25 +63,21 @@ class StageSchedule:
     def advance(self, step: int, args, max_steps: int) -> list[str]:
         """Change the stage when its end is due at global step `step` of a run of `max_steps` steps. Returns the
         reason of each change (none, one, or two when warm-up ends at the fusion step)."""
-        if args.policy_group_fusion_start is not None and self.fusion_at is None:
-            self.fusion_at = fusion_step(args.policy_group_fusion_start, max_steps)
-        reasons = []
-        warmup = args.policy_group_warmup_steps
+        reasons, warmup, start = [], args.policy_group_warmup_steps, args.policy_group_fusion_start
+        if start is not None and self.fusion_at is None:
+            self.fusion_at = fusion_step(start, max_steps)
         if self.stage == "warmup" and step >= warmup:
             reasons.append(self._enter("competition", step, f"policy_group_warmup_steps={warmup} reached"))
         if self.stage != "fusion" and self.fusion_at is not None and step >= self.fusion_at:
-            start = f"step {self.fusion_at}"
-            if args.policy_group_fusion_start < 1:
-                start = f"{args.policy_group_fusion_start:g} of {max_steps} steps = {start}"
-            reasons.append(self._enter("fusion", step, f"policy_group_fusion_start reached ({start})"))
+            when = f"{start:g} of {max_steps} steps = step {self.fusion_at}" if start < 1 else f"step {self.fusion_at}"
+            reasons.append(self._enter("fusion", step, f"policy_group_fusion_start reached ({when})"))
         if self.stage == "fusion":
             self.uniform_mix = fusion_mix(step, self.since, args.policy_group_fusion_anneal_steps)
         return reasons
 
     def _enter(self, stage: str, step: int, why: str) -> str:
         reason = f"step {step}: {self.stage} -> {stage}: {why}"
-        self.stage, self.since = stage, step
-        self.uniform_mix = 0.0
+        self.stage, self.since, self.uniform_mix = stage, step, 0.0
         self.events.append(reason)
         return reason
 

@@ -12,8 +12,8 @@ from .stages import StageSchedule, stage_checkpoint_defaults
 # field with the value a checkpoint without it loads with (`checkpoint_defaults`). An attribute outside the schema is
 # refused at saving (`resume.schema_state`), a field outside it at loading (`resume.schema_fields`).
 REQUIRED_FIELDS = ("seed", "names", "assignment")
-REWARD_SUMS = ("prompts", "reward", "variance", "variance2", "informative")  # folded in when the rewards come
-LOGP_SUMS = ("rl", "rr", "ll", "df")  # folded in once the policy's log-probabilities of the batch are known
+# `score.SUMS` folded in when the rewards come, and those folded in once the policy's log-probabilities are known
+REWARD_SUMS, LOGP_SUMS = score.SUMS[:5], score.SUMS[5:]
 
 
 def checkpoint_defaults(num_groups: int, num_rows: int) -> dict:
@@ -51,9 +51,8 @@ class PolicyGroupState:
 
     def __init__(self, names: list[str], assignment: torch.Tensor, seed: int, warmup: bool = False):
         vars(self).update(checkpoint_defaults(len(names), len(assignment)))
-        self.seed, self.names = seed, list(names)
+        self.seed, self.names, self.stages = seed, list(names), StageSchedule(warmup)
         self.assignment = torch.as_tensor(assignment, dtype=torch.long)
-        self.stages = StageSchedule(warmup)
 
     @property
     def num_groups(self) -> int:
@@ -64,16 +63,13 @@ class PolicyGroupState:
         """(K,) the prompts of each group."""
         return torch.bincount(self.assignment, minlength=self.num_groups)
 
-    def _generator(self, purpose: int) -> torch.Generator:
-        return torch.Generator().manual_seed(self.seed * 1_000_003 + self.generations * 7 + purpose)
-
     # ----- statistics -----------------------------------------------------------------------------------------
 
     def observe(self, rows: torch.Tensor, rewards: torch.Tensor, *, num_generations: int, halflife: float) -> None:
         """Fold one gathered generation batch in: `rows` (P,) dataset rows, `rewards` (N,) per completion, prompt by
         prompt (NaN: unscored, counted in `nan_rewards`, and left out). The batch stays `pending` until the policy's
         log-probabilities of its completions are noted (`note_logps`); the previous one is folded in now."""
-        self._fold_pending(halflife)
+        self._fold_pending()
         rewards = rewards.double().view(-1, num_generations)  # (P, G)
         self.nan_rewards += int(torch.isnan(rewards).sum())
         ids = self.assignment[rows]
@@ -94,16 +90,14 @@ class PolicyGroupState:
         fill = known & torch.isnan(pending)
         pending[fill] = logps[fill].double()
 
-    def _fold_pending(self, halflife: float) -> None:
+    def _fold_pending(self) -> None:
+        """Add the pending batch's `LOGP_SUMS` to the run's: kept over the whole run, not decayed."""
         if self.pending is None:
             return
         pending, self.pending = self.pending, None
         ids = self.assignment[pending["rows"]]
         batch = score.prompt_sums(pending["rewards"], pending["logps"], ids, self.num_groups)
-        scored = (~torch.isnan(pending["rewards"])).sum(1) >= 2
-        noted = scored & (~torch.isnan(pending["logps"])).any(1)  # (P,) prompts whose log-probabilities came
-        counts = torch.zeros(self.num_groups, dtype=torch.float64).index_add_(0, ids, noted.double())
-        self.sums |= score.decayed_add(self.sums, batch, counts, float("inf"), LOGP_SUMS)  # over the whole run
+        self.sums |= {name: self.sums[name] + batch[name] for name in LOGP_SUMS}
 
     def scores(self, args) -> torch.Tensor:
         """(K,) each group's score (`score.scores`), times its `progress` weight with that sampling rule."""
@@ -116,8 +110,7 @@ class PolicyGroupState:
         both ends counts no change). In warm-up only the window moves on."""
         if args.policy_group_sampling != "progress" or step - self.last_update_step < args.policy_group_update_steps:
             return
-        reward = self.sums["reward"] / self.sums["prompts"]
-        available = self.sizes > 0
+        reward, available = self.sums["reward"] / self.sums["prompts"], self.sizes > 0
         if self.stages.stage != "warmup" and available.any():
             change = torch.nan_to_num(reward - self.update_reward, nan=0.0)
             alpha = self.alpha * (1 + args.policy_group_eta * (change - change[available].mean()))
@@ -127,10 +120,9 @@ class PolicyGroupState:
     def probabilities(self, args) -> torch.Tensor:
         """(K,) probability of drawing each group for a prompt of the next generation batch
         (`score.draw_probabilities`), moved toward TRL's draw by the stage's mix (`stages`)."""
-        sizes = self.sizes.double()
+        sizes, mix = self.sizes.double(), self.stages.uniform_mix
         drawn = score.draw_probabilities(self.scores(args), sizes, args.policy_group_sampling_floor)
-        mix = self.stages.uniform_mix
-        return drawn if mix == 0 else (1 - mix) * drawn + mix * sizes / sizes.sum()
+        return (1 - mix) * drawn + mix * sizes / sizes.sum()
 
     def loss_weights(self, args) -> torch.Tensor:
         """(K,) the loss weight of each group (`policy_group_loss_weighting`): its score, moved toward 1 by the stage's
@@ -143,10 +135,9 @@ class PolicyGroupState:
         group its prompts in a seeded random order without repeats until all were drawn. With `keep(row) -> bool`
         (prompt skipping), a drawn row that fails it is consumed and the group's next one is tried; after as many
         failures in a row as the group has prompts, the last one is taken."""
-        generator = self._generator(purpose=1)
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.generations * 7 + 1)  # (seed, draws)
         groups = torch.multinomial(self.probabilities(args), num_prompts, replacement=True, generator=generator)
-        sizes = self.sizes.tolist()
-        rows = []
+        sizes, rows = self.sizes.tolist(), []
         for group in groups.tolist():
             for tries in range(1, sizes[group] + 1):
                 if len(self.queues[group]) == 0:
@@ -227,10 +218,5 @@ class PolicyGroupState:
         index (`stages.STAGES`) and its `uniform_mix`."""
         counts = torch.bincount(self.assignment, weights=self.prompt_visits.double(), minlength=self.num_groups)
         out = {f"policy_groups/{name}/count": float(counts[i]) for i, name in enumerate(self.names)}
-        out["policy_groups/nan_rewards"] = float(self.nan_rewards)
-        if stages:
-            out |= {
-                "policy_groups/stage": float(self.stages.index),
-                "policy_groups/uniform_mix": self.stages.uniform_mix,
-            }
-        return out
+        stage = {"policy_groups/stage": float(self.stages.index), "policy_groups/uniform_mix": self.stages.uniform_mix}
+        return out | {"policy_groups/nan_rewards": float(self.nan_rewards)} | (stage if stages else {})
