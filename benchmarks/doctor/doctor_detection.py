@@ -25,6 +25,11 @@ Labelled logs:
                               and per group)
       nonfinite               the demo's length penalty (TRL's soft overlong punishment, 48 tokens) returning inf for
                               the 15th generation batch, with grad_reg=skip_nonfinite: nonfinite
+  * real runs of SmolLM2-135M-Instruct with LoRA (issue #70): the committed result files of
+    benchmarks/real_model/real_model_mix.py (both mixes) and of issue #70's regime benchmarks where they exist,
+    each labelled from what its own reward log and metrics show by the definitions the doctor's page gives, applied
+    to the whole run (`real_model_labels`), not from the doctor's findings; a policy group whose generation groups
+    agreed in 90-95% of cases is accepted either way
   * synthetic logs: a healthy GRPO run's metrics with noise (5 seeds × logging every step or every 5 steps × with or
     without beta and policy groups) and, on that base, each failure kind injected (3 seeds each; a collapse to empty
     completions also leaves no signal). Every log is read as a whole run (`diagnose(..., ended=True)`), as
@@ -278,6 +283,76 @@ REAL_RUNS = {
 }  # fmt: skip
 
 
+# ----- real-model logs ----------------------------------------------------------------------------------------------
+
+# the result files of SmolLM2-135M-Instruct runs (issue #70): both mixes of benchmarks/real_model, and the regime runs
+# of issue #70's benchmarks where they exist
+REAL_MODEL_RESULTS = ("benchmarks/real_model/results", "benchmarks/real_model/results/words",
+                      "benchmarks/entropy/results/collapse_smollm2/*", "benchmarks/grad_reg/results/spikes_smollm2/*",
+                      "benchmarks/prompt_skip/results/epochs_smollm2")  # fmt: skip
+AMBIGUOUS = 0.90  # a share of agreeing generation groups in [this, zero_std_frac): no signal or not, either verdict
+
+
+def generation_groups_agreeing(result: dict, num_generations: int = 4) -> dict[str, list[bool]]:
+    """Per policy group (the mix's `task`), whether each generation group's completions all got the same reward,
+    read from the benchmark's own reward log (`result["rewards"]`: each step's rewards by group, a prompt's
+    `num_generations` completions side by side, as TRL scores them), not from the metrics the doctor reads."""
+    agree: dict[str, list[bool]] = {}
+    for entry in result["rewards"]:
+        for group, rewards in entry["rewards"].items():
+            for i in range(0, len(rewards), num_generations):
+                agree.setdefault(group, []).append(len(set(rewards[i : i + num_generations])) == 1)
+    return agree
+
+
+def real_model_labels(result: dict) -> tuple[list[str], list[str]]:
+    """(labels, kinds accepted either way) of a SmolLM2 run from what its log shows, each by the definition the
+    doctor's page gives, applied to the whole run: `no_signal` where at least `zero_std_frac` of all its generation
+    groups agreed (from the reward log); `no_signal_group` where the run logs policy groups and one group's did (a
+    group at `AMBIGUOUS` or more, below that, is accepted either way: one lucky answer in 20 tells little);
+    `truncation` where at least `truncated_frac` of the completions were cut over the run's second half, no fewer
+    than (1 - `truncated_fall`) x the first half's share; `entropy_collapse` where the mean entropy of the last 5
+    steps is at most `entropy_collapse_ratio` of the first 5 steps'; healthy otherwise."""
+    from trl_grpo_ext.doctor.thresholds import THRESHOLDS
+
+    def value(name: str) -> float:
+        return THRESHOLDS[name].value
+
+    labels, maybe = [], []
+    agree = generation_groups_agreeing(result)
+    every = [a for group in agree.values() for a in group]
+    if every and np.mean(every) >= value("zero_std_frac"):
+        labels.append("no_signal")
+    if any(key.startswith("policy_groups/") for row in result["steps"] for key in row):
+        shares = [np.mean(a) for a in agree.values()]
+        if any(share >= value("zero_std_frac") for share in shares):
+            labels.append(GROUP)
+        elif any(share >= AMBIGUOUS for share in shares):
+            maybe.append(GROUP)
+    clipped = [row["completions/clipped_ratio"] for row in result["steps"]]
+    first, second = np.mean(clipped[: len(clipped) // 2]), np.mean(clipped[len(clipped) // 2 :])
+    if second >= value("truncated_frac") and second >= (1 - value("truncated_fall")) * first:
+        labels.append("truncation")
+    entropy = [row["entropy"] for row in result["steps"] if "entropy" in row]
+    if len(entropy) >= 10 and np.mean(entropy[-5:]) <= value("entropy_collapse_ratio") * np.mean(entropy[:5]):
+        labels.append("entropy_collapse")
+    return labels, maybe
+
+
+def real_model_logs() -> list[dict]:
+    """Every SmolLM2 run's log (`REAL_MODEL_RESULTS`), labelled by `real_model_labels`; named by its folder and file
+    (the arithmetic mix's `policy_groups_seed0`, `words/stock_seed1`, ...)."""
+    logs = []
+    for pattern in REAL_MODEL_RESULTS:
+        for path in sorted(ROOT.glob(f"{pattern}/*_seed*.json")):
+            result = json.loads(path.read_text())
+            labels, maybe = real_model_labels(result)
+            name = str(path.relative_to(ROOT / "benchmarks")).removesuffix(".json").replace("/results", "")
+            logs.append({"name": name, "source": "smollm2", "labels": labels, "maybe": maybe,
+                         "rows": result["steps"]})  # fmt: skip
+    return logs
+
+
 # ----- scoring ------------------------------------------------------------------------------------------------------
 
 
@@ -290,26 +365,34 @@ def score(logs: list[dict]) -> tuple[str, dict]:
         for kind in log["labels"]:
             kinds[kind]["labelled"] += 1
             kinds[kind]["detected"] += kind in found
-        extra = [kind for kind in found if kind not in log["labels"]]
+        extra = [kind for kind in found if kind not in log["labels"] + log.get("maybe", [])]
         false_alarms += [(log["name"], kind) for kind in extra]
-        per_log.append({"name": log["name"], "source": log["source"], "labels": log["labels"], "found": found,
+        per_log.append({"name": log["name"], "source": log["source"], "labels": log["labels"],
+                        "maybe": log.get("maybe", []), "found": found,
                         "missed": [k for k in log["labels"] if k not in found], "false_alarms": extra,
                         "skipped": [s.check for s in diagnosis.skipped], "rows": diagnosis.rows,
                         "findings": [f.text() for f in diagnosis.findings]})  # fmt: skip
-    healthy = [log for log in per_log if not log["labels"]]
+    healthy = [log for log in per_log if not log["labels"] and not log["maybe"]]
     lines = ["kind               labelled logs  detected", "-----------------  -------------  --------"]
     lines += [f"{kind:17s}  {v['labelled']:13d}  {v['detected']:8d}" for kind, v in kinds.items()]
     lines.append("")
-    lines.append(f"healthy logs: {len(healthy)} ({sum(log['source'] == 'real' for log in healthy)} real), "
-                 f"with a finding: {sum(bool(log['found']) for log in healthy)}")  # fmt: skip
+    sources = {source: sum(log["source"] == source for log in healthy) for source in ("real", "smollm2")}
+    lines.append(f"healthy logs: {len(healthy)} ({sources['real']} real runs of the tiny model, {sources['smollm2']} "
+                 f"of SmolLM2), with a finding: {sum(bool(log['found']) for log in healthy)}")  # fmt: skip
     lines.append(f"false alarms over all {len(per_log)} logs (a finding of a kind not in the log's labels): "
                  f"{len(false_alarms)} {false_alarms if false_alarms else ''}")  # fmt: skip
     lines.append("")
-    lines.append("real runs:")
-    for log in per_log:
-        if log["source"] == "real":
-            lines.append(f"  {log['name']:16s} {log['rows']:4d} rows  labels {log['labels']}  found {log['found']}"
-                         f"  skipped {log['skipped']}")  # fmt: skip
+    for source, title in (
+        ("real", "real runs of the tiny model:"),
+        ("smollm2", "real runs of SmolLM2-135M-Instruct (labels read from each log):"),
+    ):
+        lines.append(title)
+        for log in per_log:
+            if log["source"] == source:
+                either = f" (either way: {log['maybe']})" if log["maybe"] else ""
+                width = 16 if source == "real" else 36
+                lines.append(f"  {log['name']:{width}s} {log['rows']:4d} rows  labels {log['labels']}{either}  found "
+                             f"{log['found']}  skipped {log['skipped']}")  # fmt: skip
     every_kind = all(v["detected"] == v["labelled"] > 0 for v in kinds.values())
     healthy_alarms = sum(bool(log["found"]) for log in healthy)
     lines.append(f"\nevery failure kind detected on every log labelled with it: {every_kind}; "
@@ -328,7 +411,7 @@ def main() -> None:
     parser.add_argument("--synthetic-only", action="store_true")
     parser.add_argument("--out", default=str(RESULTS))
     cli = parser.parse_args()
-    logs = synthetic_set()
+    logs = synthetic_set() + ([] if cli.synthetic_only else real_model_logs())
     if cli.runs:
         real = [run for run in json.loads(Path(cli.runs).read_text()) if run["name"] not in cli.rerun]
         real = sorted(

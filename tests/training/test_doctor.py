@@ -168,6 +168,24 @@ def test_no_signal_in_one_policy_group_says_it_is_solved():
     assert "prompt_skip=True" in finding.suggestion
 
 
+def test_a_policy_group_first_drawn_at_step_2_of_a_40_step_run_is_judged_over_its_39_rows():
+    # issue #70, SmolLM2 (policy_groups seed 0 of the real-model mix): 'sum3', right only by luck, first drawn at
+    # step 2, logged at 0.93-1.0 (mean 0.965); its 39 rows were fewer than the 40-step window and it went unnamed
+    lucky = np.where(np.arange(1, 41) < 20, 1.0, 0.94)  # (40,) one lucky answer at step 20
+    groups = {"policy_groups/sum3/zero_std_frac": lucky, "policy_groups/sum3/reward": 0.01,
+              "policy_groups/product/zero_std_frac": 0.3,
+              "policy_groups/product/reward": lambda t: t / 60}  # fmt: skip
+    rows = log(40, **groups)
+    del rows[0]["policy_groups/sum3/zero_std_frac"], rows[0]["policy_groups/sum3/reward"]  # not drawn at step 1
+    [finding] = checks_found(rows, "no_signal")
+    assert finding.subject == "policy group 'sum3'" and "all-wrong" in finding.title
+    assert "over steps 2-40" in finding.evidence
+    # a group that learns after a long spell of no signal is not named: mean over its 39 rows 0.89
+    rows = log(40, **{**groups, "policy_groups/sum3/zero_std_frac": np.where(np.arange(1, 41) < 20, 1.0, 0.79)})
+    del rows[0]["policy_groups/sum3/zero_std_frac"]
+    assert checks_found(rows, "no_signal") == []
+
+
 def test_truncation_that_falls_is_not_reported_and_truncation_that_stays_is():
     assert checks_found(log(60, **{"completions/clipped_ratio": lambda t: np.maximum(0.9 - 0.03 * t, 0)}),
                         "truncation") == []  # fmt: skip

@@ -88,12 +88,22 @@ def no_signal(run: Run) -> list[Finding] | Skip:
 
 
 def _group_no_signal(run: Run, name: str, threshold: float, fix: dict) -> list[Finding]:
+    """`no_signal` for one policy group: its `zero_std_frac` at or above `threshold` over a window, or over the
+    last rows of a run that ended so (`Run.tail`, as for the run itself). A group first drawn after the run's first
+    step has no row before it (and no signal either): its window is its rows, once they end a window after the
+    run's first step (so a group first drawn at step 2 of a 40-step run is judged over steps 2-40)."""
     steps, frac = run.finite(f"policy_groups/{name}/zero_std_frac")
     width = run.window(steps, "persist_steps")
-    means = S.rolling_mean(frac, width) if len(frac) >= width else np.empty(0)
-    end = S.first_window(means >= threshold, width)
+    run_steps, _ = run.finite("frac_reward_zero_std")
+    if 0 < len(frac) < width and steps[-1] - run_steps[0] + 1 >= value("persist_steps"):
+        width = len(frac)
+    end = S.first_window(S.rolling_mean(frac, width) >= threshold, width)
+    where = ""
     if end is None:
-        return []
+        width = run.tail(frac >= threshold)
+        if not width:
+            return []
+        end, where = len(frac) - 1, " at the end of the run"
     group_steps, reward = run.finite(f"policy_groups/{name}/reward")
     rewards = [run.finite(f"policy_groups/{other}/reward") for other in run.keys_like("policy_groups/", "/reward")]
     rewards.append(run.finite("reward"))
@@ -111,9 +121,9 @@ def _group_no_signal(run: Run, name: str, threshold: float, fix: dict) -> list[F
         "its reward function on a correct answer",
     }.get(kind, fix[kind])
     return [Finding(
-        "no_signal", f"policy group {name!r}", f"no learning signal in policy group {name!r} ({kind})",
+        "no_signal", f"policy group {name!r}", f"no learning signal{where} in policy group {name!r} ({kind})",
         f"policy_groups/{name}/zero_std_frac {S.fmt(frac[end - width + 1 : end + 1])} over {span(steps, end, width)}"
-        f" (mean {means[end - width + 1]:.3g} >= {threshold}); its reward {level:.3g} in the run's range "
+        f" (mean {np.nanmean(frac[end - width + 1 : end + 1]):.3g}); its reward {level:.3g} in the run's range "
         f"[{low:.3g}, {high:.3g}]",
         group_fix, int(steps[S.onset(end, width, frac >= threshold)]),
     )]  # fmt: skip
