@@ -41,9 +41,11 @@ skips a finished one. Per step it keeps TRL's logged row (entropy, completion le
 metrics) and, per group, the reward of each completion scored (and, for a noisy judge, its clean score).
 
 Variants (`VARIANTS`): `stock` (TRL), each feature with its README setting (`policy_groups`: the task column;
-`prompt_skip`; `entropy`: the relative entropy target; `zclip`), `combined` (the GPU presets' settings), and the
-bounds: `oracle_groups` (stock TRL on the learnable groups' prompts only) and `oracle_skip` (stock TRL without the
-groups known to give no signal). `--candidate NAME SETTINGS` runs settings of one's own under a name (tuning).
+`prompt_skip`; `entropy`: the relative entropy target; `zclip`), `combined` (the GPU presets' settings), `stages`
+(policy groups with fusion over the last quarter of the run, `policy_group_fusion_start: 0.75`, as the policy-groups
+page shows it; issue #70), and the bounds: `oracle_groups` (stock TRL on the learnable groups' prompts only),
+`oracle_skip` (stock TRL without the groups known to give no signal) and `oracle_learnable` (without the groups
+nothing can be learnt from). `--candidate NAME SETTINGS` runs settings of one's own under a name (tuning).
 
 Report (`report`): per variant, the steps and completion tokens until the learnable groups' reward (each group's
 mean over the completions of the last 5 steps, the two groups counted alike: `learnable_curve`) reaches the
@@ -81,6 +83,7 @@ VARIANTS = {
     "zclip": {"grad_reg": "zclip"},
     "combined": {"policy_group_column": "task", "entropy_reg": "target", "entropy_target_ratio": RATIO,
                  "grad_reg": "zclip"},  # recipes/configs/gsm8k-*.yaml
+    "stages": {"policy_group_column": "task", "policy_group_fusion_start": 0.75},  # the policy-groups page's (#70)
     "oracle_groups": {},  # on the learnable groups' prompts only
     "oracle_skip": {},  # without the no-signal groups' prompts
     "oracle_learnable": {},  # without the groups nothing can be learnt from (issue #69)
