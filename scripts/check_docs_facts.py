@@ -200,12 +200,13 @@ def derived(name: str, fact: dict, root: Path = ROOT) -> str:
     """The value of fact `name` recomputed from its source (`derive`); raises ValueError when the source does not
     give one."""
     if fact["derive"] in ("real_model_steps", "real_model_oracle_share"):  # the report's line of `variant`
-        report = (root / "benchmarks" / "real_model" / "results" / "real_model_mix.txt").read_text(encoding="utf-8")
+        name = fact.get("report", "real_model_mix.txt")  # under benchmarks/real_model/results/
+        report = (root / "benchmarks" / "real_model" / "results" / name).read_text(encoding="utf-8")
         line = next((line for line in report.splitlines() if line.startswith(f"{fact['variant']} (seeds")), "")
         wanted = r"steps x([\d.]+)," if fact["derive"] == "real_model_steps" else r"; (\d+%) of oracle_groups's gain"
         match = re.search(wanted, line)
         if match is None:
-            raise ValueError(f"real_model_mix.txt has no {wanted!r} for {fact['variant']}")
+            raise ValueError(f"{name} has no {wanted!r} for {fact['variant']}")
         return f"{match[1]}×" if fact["derive"] == "real_model_steps" else match[1]
     if fact["derive"] == "opt_in_features":
         pages = {path.stem for path in (root / "docs" / "features").glob("*.md")}
