@@ -47,17 +47,14 @@ def no_signal(run: Run) -> list[Finding] | Skip:
     steps, frac = run.finite("frac_reward_zero_std")
     width = run.window(steps, "persist_steps")
     threshold, findings = value("zero_std_frac"), []
-    tail = run.tail(frac >= threshold)  # at the end of a run: its last rows without signal (one noisy row let pass)
-    if len(frac) < width and not tail:
+    found = _window_or_tail(run, frac, width, threshold)
+    if len(frac) < width and found is None:
         return too_short("no_signal", "frac_reward_zero_std", len(frac), width)
     reward_steps, reward = run.finite("reward")
     fix = {kind: text.format(G=run.now("num_generations"), T=run.now("temperature"))
            for kind, text in NO_SIGNAL_FIX.items()}  # fmt: skip
-    end = S.first_window(S.rolling_mean(frac, width) >= threshold, width)
-    where = ""
-    if end is None and tail:  # shorter than the window, but the run ended in it
-        end, width, where = len(frac) - 1, tail, " at the end of the run"
-    if end is not None:
+    if found is not None:
+        end, width, where = found
         at = reward_steps <= steps[end]
         recent = at & (reward_steps >= steps[end - width + 1])
         if recent.any():
@@ -87,6 +84,17 @@ def no_signal(run: Run) -> list[Finding] | Skip:
     return findings
 
 
+def _window_or_tail(run: Run, values: np.ndarray, width: int, threshold: float) -> tuple[int, int, str] | None:
+    """Where `values` (n,) sit at or above `threshold`: the first window of `width` rows whose mean does (its last
+    row, `width`, ""), else the last rows of a run that ended so (`Run.tail`: one noisy row let pass; the last row,
+    their count, " at the end of the run"), else None."""
+    end = S.first_window(S.rolling_mean(values, width) >= threshold, width)
+    if end is not None:
+        return end, width, ""
+    tail = run.tail(values >= threshold)
+    return (len(values) - 1, tail, " at the end of the run") if tail else None
+
+
 def _group_no_signal(run: Run, name: str, threshold: float, fix: dict) -> list[Finding]:
     """`no_signal` for one policy group: its `zero_std_frac` at or above `threshold` over a window, or over the
     last rows of a run that ended so (`Run.tail`, as for the run itself). A group first drawn after the run's first
@@ -97,13 +105,10 @@ def _group_no_signal(run: Run, name: str, threshold: float, fix: dict) -> list[F
     run_steps, _ = run.finite("frac_reward_zero_std")
     if 0 < len(frac) < width and steps[-1] - run_steps[0] + 1 >= value("persist_steps"):
         width = len(frac)
-    end = S.first_window(S.rolling_mean(frac, width) >= threshold, width)
-    where = ""
-    if end is None:
-        width = run.tail(frac >= threshold)
-        if not width:
-            return []
-        end, where = len(frac) - 1, " at the end of the run"
+    found = _window_or_tail(run, frac, width, threshold)
+    if found is None:
+        return []
+    end, width, where = found
     group_steps, reward = run.finite(f"policy_groups/{name}/reward")
     rewards = [run.finite(f"policy_groups/{other}/reward") for other in run.keys_like("policy_groups/", "/reward")]
     rewards.append(run.finite("reward"))
