@@ -313,10 +313,7 @@ def real_model_labels(result: dict) -> tuple[list[str], list[str]]:
     `truncation` where at least `truncated_frac` of the completions were cut over the run's second half, no fewer
     than (1 - `truncated_fall`) x the first half's share; `entropy_collapse` where the mean entropy of the last 5
     steps is at most `entropy_collapse_ratio` of the first 5 steps'; healthy otherwise."""
-    from trl_grpo_ext.doctor.thresholds import THRESHOLDS
-
-    def value(name: str) -> float:
-        return THRESHOLDS[name].value
+    from trl_grpo_ext.doctor.thresholds import value
 
     labels, maybe = [], []
     agree = generation_groups_agreeing(result)
