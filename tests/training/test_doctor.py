@@ -201,6 +201,17 @@ def test_entropy_collapse_and_explosion():
     assert checks_found(log(80, entropy=lambda t: 0.8 - 0.004 * t), "entropy_collapse") == []  # 0.8 -> 0.48
 
 
+def test_an_entropy_collapse_within_the_first_window_is_found():
+    # SmolLM2 at learning rate 1e-3 (benchmarks/entropy/collapse_smollm2.py): 2.08 nats at step 1, 0.07 at step 8,
+    # 0.02-0.05 after. Against the first 20 rows' mean (0.18 here) the last window is 17%, above the 10% ratio; against
+    # the first 3 rows' mean (0.83) it is 4%.
+    rows = log(40, entropy=lambda t: 2.0 * np.exp(-t / 2) + 0.03)
+    [collapse] = checks_found(rows, "entropy_collapse")
+    assert "over the first 3 rows" in collapse.evidence and collapse.step <= 10
+    # a fast fall to half, then steady, is not a collapse
+    assert checks_found(log(40, entropy=lambda t: 0.4 + 0.8 * np.exp(-t / 2)), "entropy_collapse") == []
+
+
 def test_kl_runaway_needs_a_large_and_rising_kl():
     [finding] = checks_found(log(80, kl=lambda t: 0.01 * np.exp(t / 12)), "kl_runaway")
     assert "beta" in finding.suggestion

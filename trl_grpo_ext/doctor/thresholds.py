@@ -120,7 +120,8 @@ THRESHOLDS: dict[str, Threshold] = {
     ),
     "entropy_collapse_ratio": Threshold(
         0.1, "fraction of the starting entropy",
-        "entropy collapse: the mean token entropy fell to at most this share of its value over the first window",
+        "entropy collapse: the mean token entropy, over a window, fell to at most this share of its mean over "
+        "the first 3 rows",
         "Cui et al., arXiv:2505.22617 §2 (entropy drops by an order of magnitude early, and performance saturates "
         "with it); our measurement on benchmarks/entropy/entropy_collapse.py: stock TRL ends at 2-8% of its start",
     ),
