@@ -203,7 +203,8 @@ def derived(name: str, fact: dict, root: Path = ROOT) -> str:
         name = fact.get("report", "real_model_mix.txt")  # under benchmarks/real_model/results/
         report = (root / "benchmarks" / "real_model" / "results" / name).read_text(encoding="utf-8")
         line = next((line for line in report.splitlines() if line.startswith(f"{fact['variant']} (seeds")), "")
-        wanted = r"steps x([\d.]+)," if fact["derive"] == "real_model_steps" else r"; (\d+%) of oracle_groups's gain"
+        bound = fact.get("bound", "oracle_groups")  # the bound whose gain the share is of
+        wanted = r"steps x([\d.]+)," if fact["derive"] == "real_model_steps" else rf"; (\d+%) of {bound}'s gain"
         match = re.search(wanted, line)
         if match is None:
             raise ValueError(f"{name} has no {wanted!r} for {fact['variant']}")
