@@ -308,8 +308,9 @@ def generation_groups_agreeing(result: dict, num_generations: int = 4) -> dict[s
 def real_model_labels(result: dict) -> tuple[list[str], list[str]]:
     """(labels, kinds accepted either way) of a SmolLM2 run from what its log shows, each by the definition the
     doctor's page gives, applied to the whole run: `no_signal` where at least `zero_std_frac` of all its generation
-    groups agreed (from the reward log); `no_signal_group` where the run logs policy groups and one group's did (a
-    group at `AMBIGUOUS` or more, below that, is accepted either way: one lucky answer in 20 tells little);
+    groups agreed (from the reward log), or of each of its last `tail_rows` steps' (a run that ends in the state);
+    `no_signal_group` where the run logs policy groups and one group's did (a group at `AMBIGUOUS` or more, below
+    that, is accepted either way: one lucky answer in 20 tells little);
     `truncation` where at least `truncated_frac` of the completions were cut over the run's second half, no fewer
     than (1 - `truncated_fall`) x the first half's share; `entropy_collapse` where the mean entropy of the last 5
     steps is at most `entropy_collapse_ratio` of the first 5 steps'; healthy otherwise."""
@@ -318,7 +319,11 @@ def real_model_labels(result: dict) -> tuple[list[str], list[str]]:
     labels, maybe = [], []
     agree = generation_groups_agreeing(result)
     every = [a for group in agree.values() for a in group]
-    if every and np.mean(every) >= value("zero_std_frac"):
+    per_step = [np.mean([a for group in generation_groups_agreeing({"rewards": [entry]}).values() for a in group])
+                for entry in result["rewards"]]  # fmt: skip
+    tail = int(value("tail_rows"))
+    ends_without = len(per_step) >= tail and min(per_step[-tail:]) >= value("zero_std_frac")
+    if (every and np.mean(every) >= value("zero_std_frac")) or ends_without:
         labels.append("no_signal")
     if any(key.startswith("policy_groups/") for row in result["steps"] for key in row):
         shares = [np.mean(a) for a in agree.values()]
