@@ -39,3 +39,15 @@ def test_truncation_is_labelled_where_the_share_cut_stays_and_not_where_it_is_le
     assert detection.real_model_labels(result(10, clipped=(0.7, 0.65), groups=False)) == (["truncation"], [])
     assert detection.real_model_labels(result(10, clipped=(0.6, 0.41), groups=False)) == ([], [])  # fell 32%
     assert detection.real_model_labels(result(10, clipped=(0.15, 0.15), groups=False)) == ([], [])  # under 20%
+
+
+def test_a_run_that_ends_solved_is_labelled_without_signal_from_its_last_steps():
+    def ends(solved_from: int) -> dict:
+        rewards = [{"step": step, "rewards": {"easy": [1.0] * 16 if step >= solved_from else [0.0, 1.0, 1.0, 1.0] * 4}}
+                   for step in range(1, 41)]  # fmt: skip
+        return {"rewards": rewards, "steps": [{"completions/clipped_ratio": 0.0, "entropy": 1.0}] * 40}
+
+    # every generation group agreed over steps 36-40 (12% of the run): the run ends without signal
+    assert detection.real_model_labels(ends(36)) == (["no_signal"], [])
+    # over steps 37-40 only, and step 36 split: the last 5 steps are not all in the state
+    assert detection.real_model_labels(ends(37)) == ([], [])
