@@ -313,7 +313,7 @@ def real_model_labels(result: dict) -> tuple[list[str], list[str]]:
     that, is accepted either way: one lucky answer in 20 tells little);
     `truncation` where at least `truncated_frac` of the completions were cut over the run's second half, no fewer
     than (1 - `truncated_fall`) x the first half's share; `entropy_collapse` where the mean entropy of the last 5
-    steps is at most `entropy_collapse_ratio` of the first 5 steps'; healthy otherwise."""
+    steps is at most `entropy_collapse_ratio` of the first 3 steps' (the doctor's start); healthy otherwise."""
     from trl_grpo_ext.doctor.thresholds import value
 
     labels, maybe = [], []
@@ -336,7 +336,7 @@ def real_model_labels(result: dict) -> tuple[list[str], list[str]]:
     if second >= value("truncated_frac") and second >= (1 - value("truncated_fall")) * first:
         labels.append("truncation")
     entropy = [row["entropy"] for row in result["steps"] if "entropy" in row]
-    if len(entropy) >= 10 and np.mean(entropy[-5:]) <= value("entropy_collapse_ratio") * np.mean(entropy[:5]):
+    if len(entropy) >= 10 and np.mean(entropy[-5:]) <= value("entropy_collapse_ratio") * np.mean(entropy[:3]):
         labels.append("entropy_collapse")
     return labels, maybe
 
@@ -389,10 +389,10 @@ def score(logs: list[dict]) -> tuple[str, dict]:
         ("smollm2", "real runs of SmolLM2-135M-Instruct (labels read from each log):"),
     ):
         lines.append(title)
+        width = max([16] + [len(log["name"]) for log in per_log if log["source"] == source])
         for log in per_log:
             if log["source"] == source:
                 either = f" (either way: {log['maybe']})" if log["maybe"] else ""
-                width = 16 if source == "real" else 36
                 lines.append(f"  {log['name']:{width}s} {log['rows']:4d} rows  labels {log['labels']}{either}  found "
                              f"{log['found']}  skipped {log['skipped']}")  # fmt: skip
     every_kind = all(v["detected"] == v["labelled"] > 0 for v in kinds.values())
