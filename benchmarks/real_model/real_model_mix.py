@@ -475,6 +475,20 @@ def comparison(reached: dict, variant: str) -> str:
     return line
 
 
+def spread_line(runs: dict[int, dict], spec: Mix) -> str | None:
+    """The spread of the learnable groups' final rewards (`final_rewards`; max - min over `spec.learnable`) and the
+    worst of them, per seed and their medians, over `runs` (seed -> result; those with a final evaluation): what
+    fusion should narrow (issue #70; as `benchmarks/policy_groups/policy_group_stages.py` reports on the synthetic
+    mixes). None when no run was evaluated."""
+    finals = [final_rewards(r, spec) for _, r in sorted(runs.items()) if "eval" in r]
+    finals = [[f[g] for g in spec.learnable] for f in finals if None not in (f[g] for g in spec.learnable)]
+    if not finals:
+        return None
+    spreads, worst = [max(f) - min(f) for f in finals], [min(f) for f in finals]
+    return (f"spread {statistics.median(spreads):.3f} ({[round(s, 2) for s in spreads]}), worst group "
+            f"{statistics.median(worst):.3f} ({[round(w, 2) for w in worst]})")  # fmt: skip
+
+
 def _mean_se(values: list[float]) -> str:
     """`mean±SE` over seeds (the standard error of the mean; one seed: the value alone)."""
     if len(values) < 2:
@@ -526,6 +540,11 @@ def report(name: str, spec: Mix, seeds: int = 3) -> str:
                      "bound's gain on the seeds all three ran):")  # fmt: skip
         for variant in reached:
             lines.append(comparison(reached, variant))
+        lines.append(f"final rewards of the learnable groups ({'/'.join(spec.learnable)}), median over seeds:")
+        for variant, runs in loaded.items():
+            spread = spread_line(runs, spec)
+            if spread:
+                lines.append(f"{variant} {spread}")
     lines.append(f"missing: {', '.join(missing) if missing else 'none'}")
     return "\n".join(lines)
 

@@ -132,3 +132,15 @@ def test_variants_are_compared_with_stock_trl_on_the_seeds_both_ran():
         "policy_groups (seeds [0, 1]): steps x0.90, tokens x0.70; 25% of oracle_groups's gain (seeds [0, 1])"
     )
     assert mix.comparison(reached, "stock") == "stock (seeds [0, 1, 2]): steps x1.00, tokens x1.00"
+
+
+def test_the_spread_is_read_from_the_learnable_groups_final_evaluation():
+    def evaluated(product: float, sum_: float) -> dict:
+        groups = {"product": product, "sum": sum_, "sum3": 0.0, "repeat": 1.0, "noisy": 0.3}
+        return {"eval": {g: {"reward": r, "clean": r} for g, r in groups.items()}}
+
+    # spreads 0.4 and 0.1 (sum3 and repeat are not learnable: not counted), worst groups 0.4 and 0.7
+    runs = {1: evaluated(0.8, 0.4), 0: evaluated(0.7, 0.8), 2: {"rewards": [], "max_steps": 1}}  # seed 2: no eval
+    expected = "spread 0.250 ([0.1, 0.4]), worst group 0.550 ([0.7, 0.4])"
+    assert mix.spread_line(runs, mix.MIXES["arithmetic"]) == expected
+    assert mix.spread_line({2: runs[2]}, mix.MIXES["arithmetic"]) is None
