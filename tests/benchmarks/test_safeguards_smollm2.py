@@ -76,6 +76,16 @@ def test_the_skip_bound_keeps_only_the_tokens_of_groups_that_disagreed():
     # the 5-step pooled mean reaches 0.6 at step 5 (3 of 5 right): 5 steps x 10 tokens x 32 completions x 0.5
     assert epochs.bound_tokens(result, 0.6) == pytest.approx(5 * 10 * epochs.COMPLETIONS * 0.5)
     assert epochs.bound_tokens(result, 1.1) is None
+    # a rule that must see each prompt once: the first 2 steps whole, steps 3-5 halved
+    assert epochs.bound_tokens(result, 0.6, seen_first=2) == pytest.approx((2 + 3 * 0.5) * 10 * epochs.COMPLETIONS)
+
+
+def test_the_epochs_variants_are_stock_trl_the_readme_setting_and_the_group_test_with_trls_draw():
+    assert epochs.EPOCHS.variants["prompt_skip"] == {"prompt_skip": True}
+    groups = epochs.EPOCHS.variants["groups"]
+    assert groups["policy_group_column"] == "task" and groups["policy_group_sampling"] == "uniform"
+    assert groups["prompt_skip_group_informative"] == 0.2
+    assert len(epochs.epoch_rows()) == epochs.EPOCH_STEPS * 8  # the first epoch: every prompt once
 
 
 @pytest.mark.parametrize(
