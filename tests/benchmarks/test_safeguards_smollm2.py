@@ -90,8 +90,13 @@ def test_the_epochs_variants_are_stock_trl_the_readme_setting_and_the_group_test
 
 @pytest.mark.parametrize(
     ("module", "mix", "variant"),
-    [(collapse, "lr1e-3", "entropy"), (spikes, "lr3e-3", "zclip"), (epochs, "epochs", "prompt_skip")],
-    ids=["entropy_collapse", "zclip_spikes", "prompt_skip_epochs"],
+    [
+        (collapse, "lr1e-3", "entropy"),
+        (spikes, "lr3e-3", "zclip"),
+        (epochs, "epochs", "prompt_skip"),
+        (epochs, "epochs", "groups"),
+    ],
+    ids=["entropy_collapse", "zclip_spikes", "prompt_skip_epochs", "prompt_skip_epochs_groups"],
 )
 def test_each_script_runs_two_steps_of_its_readme_setting_on_the_tiny_model(module, mix, variant, capsys):
     mixes = {"epochs": epochs.EPOCHS} if module is epochs else module.MIXES
