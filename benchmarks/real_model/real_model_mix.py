@@ -540,11 +540,12 @@ def report(name: str, spec: Mix, seeds: int = 3) -> str:
                      "bound's gain on the seeds all three ran):")  # fmt: skip
         for variant in reached:
             lines.append(comparison(reached, variant))
-        lines.append(f"final rewards of the learnable groups ({'/'.join(spec.learnable)}), median over seeds:")
-        for variant, runs in loaded.items():
-            spread = spread_line(runs, spec)
-            if spread:
-                lines.append(f"{variant} {spread}")
+        if len(spec.learnable) > 1:  # one learnable group has no spread
+            lines.append(f"final rewards of the learnable groups ({'/'.join(spec.learnable)}), median over seeds:")
+            for variant, runs in loaded.items():
+                spread = spread_line(runs, spec)
+                if spread:
+                    lines.append(f"{variant} {spread}")
     lines.append(f"missing: {', '.join(missing) if missing else 'none'}")
     return "\n".join(lines)
 
