@@ -23,6 +23,7 @@ learnable group's reward reaches 0.8 x stock TRL's final one (median over seeds)
 bound's saving; the final reward of every group.
 """
 
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -74,6 +75,7 @@ VARIANTS = {"stock": {}, "prompt_skip": {"prompt_skip": True},
 EPOCHS = Mix(epoch_rows, arithmetic_score, ("single", "two_digit", "three_digit"), ("single",), ("three_digit",),
              ("three_digit",), VARIANTS, RESULTS)  # fmt: skip
 EPOCH_STEPS = 8  # 64 prompts, 8 a step: steps 1-8 are every prompt's first visit
+GENERATIONS = COMPLETIONS // 8  # completions a generation group (8 prompts a step)
 
 
 def bound_tokens(result: dict, threshold: float, seen_first: int = 0) -> float | None:
@@ -113,8 +115,56 @@ def bound_line(results: Path = RESULTS) -> str:
     return "\n".join(lines)
 
 
+PHASES = ((1, EPOCH_STEPS), (EPOCH_STEPS + 1, 3 * EPOCH_STEPS), (3 * EPOCH_STEPS + 1, 5 * EPOCH_STEPS))
+
+
+def phase_figures(result: dict) -> list[tuple[float, float]]:
+    """Per phase of the run (`PHASES`: the first epoch, epochs 2-3, epochs 4-5), the generation groups generated and
+    the share of them whose completions all got the same reward (TRL's `frac_reward_zero_std`, weighted by each
+    step's groups). A rule that skips the groups that would give no signal lowers that share; one whose skips are
+    no better than chance leaves it as stock TRL's and only generates fewer groups."""
+    figures = []
+    for first, last in PHASES:
+        rows = result["steps"][first - 1 : last]
+        groups = [row.get("prompt_skip/completion_tokens", row["completions/mean_length"] * COMPLETIONS)
+                  / max(row["completions/mean_length"], 1e-9) / GENERATIONS for row in rows]  # fmt: skip
+        agreed = sum(row["frac_reward_zero_std"] * n for row, n in zip(rows, groups, strict=True))
+        figures.append((sum(groups), agreed / sum(groups) if sum(groups) else math.nan))
+    return figures
+
+
+def phase_line(results: Path = RESULTS) -> str:
+    """`phase_figures` per variant, the mean over its seeds; and the whole run's completion tokens over stock's."""
+    import json
+
+    from benchmarks.real_model.real_model_mix import run_tokens
+
+    runs: dict[str, list[dict]] = {}
+    for path in sorted(results.glob("*_seed*.json")):
+        data = json.loads(path.read_text())
+        runs.setdefault(data["variant"], []).append(data)
+    if "stock" not in runs:
+        return "phases: no stock run yet"
+    stock_tokens = statistics.fmean(run_tokens(r) for r in runs["stock"])
+    phases = ", ".join(f"{first}-{last}" for first, last in PHASES)
+    lines = [f"generation groups generated / the share giving no signal, mean over seeds, in steps {phases}; the "
+             "whole run's completion tokens over stock's:"]  # fmt: skip
+    for variant, variant_runs in runs.items():
+        cells = []
+        for index in range(len(PHASES)):
+            pairs = [phase_figures(r)[index] for r in variant_runs]
+            cells.append(f"{statistics.fmean(g for g, _ in pairs):.0f} / {statistics.fmean(s for _, s in pairs):.2f}")
+        tokens = statistics.fmean(run_tokens(r) for r in variant_runs) / stock_tokens
+        lines.append(f"{variant} ({len(variant_runs)} seeds): {' | '.join(cells)}; run tokens x{tokens:.2f}")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     code = main(sys.argv[1:], {"epochs": EPOCHS})
     if sys.argv[1:2] == ["report"]:
-        print(bound_line())
+        extra = bound_line() + "\n" + phase_line()
+        print(extra)
+        if "--output" in sys.argv:
+            with Path(sys.argv[sys.argv.index("--output") + 1]).open("a") as out:
+                out.write(extra + "\n")
     sys.exit(code)

@@ -104,3 +104,15 @@ def test_each_script_runs_two_steps_of_its_readme_setting_on_the_tiny_model(modu
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["steps"] == 2
     assert summary["evaluated"] == sorted(mixes[mix].groups)  # every group evaluated from the last checkpoint
+
+
+def test_the_phases_count_the_groups_generated_and_the_share_that_agreed():
+    # 40 steps of 10-token completions: stock TRL's 8 groups a step; from step 25 a skipping rule generates half of
+    # them (16 completions), with the share of agreeing groups 0.5 before and 0.25 after
+    def row(step: int) -> dict:
+        skipping = step > 24
+        return {"completions/mean_length": 10.0, "frac_reward_zero_std": 0.25 if skipping else 0.5,
+                "prompt_skip/completion_tokens": 10.0 * (16 if skipping else 32)}  # fmt: skip
+
+    figures = epochs.phase_figures({"steps": [row(step) for step in range(1, 41)]})
+    assert figures == [pytest.approx((64, 0.5)), pytest.approx((128, 0.5)), pytest.approx((64, 0.25))]
