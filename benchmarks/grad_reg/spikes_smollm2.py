@@ -83,12 +83,4 @@ def spike_report(regime: str) -> str:
 
 
 if __name__ == "__main__":
-    code = main(sys.argv[1:], MIXES)
-    if sys.argv[1:2] == ["report"]:
-        mix = sys.argv[sys.argv.index("--mix") + 1] if "--mix" in sys.argv else next(iter(MIXES))
-        table = spike_report(mix)
-        print(table)
-        if "--output" in sys.argv:  # after the mix's own table
-            with Path(sys.argv[sys.argv.index("--output") + 1]).open("a") as out:
-                out.write(table + "\n")
-    sys.exit(code)
+    sys.exit(main(sys.argv[1:], MIXES, extra=spike_report))

@@ -160,11 +160,4 @@ def phase_line(results: Path = RESULTS) -> str:
 
 
 if __name__ == "__main__":
-    code = main(sys.argv[1:], {"epochs": EPOCHS})
-    if sys.argv[1:2] == ["report"]:
-        extra = bound_line() + "\n" + phase_line()
-        print(extra)
-        if "--output" in sys.argv:
-            with Path(sys.argv[sys.argv.index("--output") + 1]).open("a") as out:
-                out.write(extra + "\n")
-    sys.exit(code)
+    sys.exit(main(sys.argv[1:], {"epochs": EPOCHS}, extra=lambda _: bound_line() + "\n" + phase_line()))

@@ -550,8 +550,11 @@ def report(name: str, spec: Mix, seeds: int = 3) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None, mixes: dict[str, Mix] = MIXES) -> int:
-    """The command line (module docstring) over `mixes` (another benchmark passes its own: a regime of its own)."""
+def main(
+    argv: list[str] | None = None, mixes: dict[str, Mix] = MIXES, extra: Callable[[str], str] | None = None
+) -> int:
+    """The command line (module docstring) over `mixes` (another benchmark passes its own: a regime of its own, and
+    `extra`, its own figures of a mix by name, which `report` prints and writes after the table)."""
     names = list(mixes)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -593,7 +596,7 @@ def main(argv: list[str] | None = None, mixes: dict[str, Mix] = MIXES) -> int:
                 print(result, evaluate_result(args.model, result, mix)["eval"], flush=True)
         return 0
     if args.command == "report":
-        table = report(args.mix, mix, args.seeds)
+        table = report(args.mix, mix, args.seeds) + (f"\n{extra(args.mix)}" if extra else "")
         print(table)
         if args.output:
             Path(args.output).write_text(table + "\n")
