@@ -12,7 +12,9 @@ steps are 5 epochs: each prompt comes back 4 times, where a skipping rule can ac
 last integer is the answer. Runs as `benchmarks/real_model/real_model_mix.py` (resumable per variant x seed, a final
 evaluation of every group). Variants: `stock`, `prompt_skip` (`prompt_skip: true`, the README setting) and
 `groups` (prompt skipping told each prompt's policy group, the `task` column, with TRL's draw: a group none of whose
-prompts was ever informative is thinned from its first visits, `prompt_skip_group_informative` 0.2). The
+prompts was ever informative is thinned from its first visits, `prompt_skip_group_informative` 0.2) and
+`posterior` (`prompt_skip_rule: posterior`: a prompt kept with its chance of giving signal, from all its
+completions so far). The
 bound (`skip_bound` in the report) is stock TRL's own runs with every generation group whose completions all got the
 same reward not generated: a rule that knew in advance which groups give no signal, and changed nothing else (those
 groups have zero advantage), saves exactly their tokens; it is read from stock's logs, each step's tokens times the
@@ -71,7 +73,8 @@ def epoch_rows() -> list[dict]:
 # (`prompt_skip_group_informative`, f = 0.2 as benchmarks/prompt_skip/README.md measured it on the synthetic family)
 VARIANTS = {"stock": {}, "prompt_skip": {"prompt_skip": True},
             "groups": {"prompt_skip": True, "policy_group_column": "task", "policy_group_sampling": "uniform",
-                       "prompt_skip_group_informative": 0.2}}  # fmt: skip
+                       "prompt_skip_group_informative": 0.2},
+            "posterior": {"prompt_skip": True, "prompt_skip_rule": "posterior"}}  # fmt: skip
 EPOCHS = Mix(epoch_rows, arithmetic_score, ("single", "two_digit", "three_digit"), ("single",), ("three_digit",),
              ("three_digit",), VARIANTS, RESULTS)  # fmt: skip
 EPOCH_STEPS = 8  # 64 prompts, 8 a step: steps 1-8 are every prompt's first visit

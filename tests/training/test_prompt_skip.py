@@ -22,13 +22,16 @@ from trl_grpo_ext.prompt_skip.history import NEVER, STREAK_MAX, PromptHistory, u
 from trl_grpo_ext.prompt_skip.normalizer import normalizer_correction
 from trl_grpo_ext.prompt_skip.skipping import (
     adapt_base,
+    beta_moment,
     count_evidence,
     failing_group_keep,
     first_visit_keep,
+    history_keep,
     hopeless_base,
     keep_for_layout,
     keep_probability,
     layout_quantum,
+    posterior_keep,
     prompt_keep_probability,
     skip_streak,
     solved_share,
@@ -65,6 +68,64 @@ def test_history_counts_streaks_and_remembers_the_value_and_length():
     history.streak[3] = STREAK_MAX
     history.observe(torch.tensor([3]), torch.tensor([[0.0, 0.0]]), torch.tensor([[1.0, 1.0]]), step=8)
     assert history.streak[3] == STREAK_MAX  # saturates
+
+
+def test_with_counts_the_history_adds_each_prompts_completions_at_and_below_the_best_reward():
+    history = PromptHistory(3, counts=True)
+    rewards = torch.tensor([[1.0, 1.0, 0.0, NAN], [0.5, 0.5, 0.5, 0.5]])
+    history.observe(torch.tensor([0, 1]), rewards, torch.ones(2, 4), step=1, best=1.0)
+    history.observe(torch.tensor([0]), torch.tensor([[1.0, 1.0, 1.0, 1.0]]), torch.ones(1, 4), step=2, best=1.0)
+    assert history.successes.tolist() == [6, 0, 0]  # unscored completions count neither way
+    assert history.failures.tolist() == [1, 4, 0]
+    history.observe(torch.tensor([2]), torch.ones(1, 4), torch.ones(1, 4), step=3)  # no best reward yet: all failing
+    assert history.failures[2] == 4 and history.successes[2] == 0
+    history.failures[1] = 2**15 - 2
+    history.observe(torch.tensor([1]), torch.zeros(1, 4), torch.ones(1, 4), step=4, best=1.0)
+    assert history.failures[1] == 2**15 - 1  # saturates
+    restored = PromptHistory(3, counts=True)
+    restored.load_state_dict(history.state_dict())
+    assert restored.successes.tolist() == [6, 0, 0] and restored.failures[1] == 2**15 - 1
+    without = PromptHistory(3)  # the streak rule: no counts kept, none read from a checkpoint that has them
+    without.load_state_dict(history.state_dict())
+    assert without.successes.numel() == 0 and without.nbytes() == 3 * 12
+    assert history.nbytes() == 3 * 16
+
+
+def _beta_function_moment(a: float, b: float, order: int) -> float:
+    """E[p^order] for p ~ Beta(a, b) from the Beta function: B(a + order, b) / B(a, b)."""
+    log_beta = lambda x, y: math.lgamma(x) + math.lgamma(y) - math.lgamma(x + y)  # noqa: E731
+    return math.exp(log_beta(a + order, b) - log_beta(a, b))
+
+
+def test_the_posterior_keep_is_the_chance_the_next_generation_group_disagrees():
+    successes, failures = torch.tensor([9, 0, 0, 0, 4, 16, 50]), torch.tensor([3, 4, 8, 12, 0, 0, 50])
+    keep = posterior_keep(successes, failures, 4, floor=0.05)
+    for i, (s, f) in enumerate(zip(successes.tolist(), failures.tolist(), strict=True)):
+        repeat = _beta_function_moment(1 + s, 1 + f, 4) + _beta_function_moment(1 + f, 1 + s, 4)
+        assert keep[i].item() == pytest.approx(max(1 - repeat, 0.05), rel=1e-12)
+    assert keep[:4].tolist() == pytest.approx([0.685, 0.437, 0.306, 0.235], abs=1e-3)  # the docstring's figures
+    assert keep[6] > 0.85  # a prompt solved half the time gives signal on 7 of 8 groups of 4
+    # one agreeing visit of a new prompt: 1 - (1 + G) / (1 + 2G) - E[(1 - p)^G], under 1/2 and nearer it as G grows
+    one_visit = [posterior_keep(torch.tensor([g]), torch.tensor([0]), g, floor=0.0).item() for g in (4, 16)]
+    assert one_visit == pytest.approx([0.437, 0.485], abs=1e-3)
+    assert_close(beta_moment(torch.tensor([2.0]), torch.tensor([3.0]), 0), torch.tensor([1.0], dtype=torch.float64))
+    assert posterior_keep(torch.tensor([200]), torch.tensor([0]), 4, floor=0.05).item() == 0.05  # the floor
+
+
+def test_with_counts_a_prompt_is_kept_by_its_posterior_once_its_last_visit_agreed():
+    history = PromptHistory(3, counts=True)
+    history.observe(torch.tensor([0, 1]), torch.tensor([[1.0, 0.0, 1.0, 1.0], [0.0] * 4]), torch.ones(2, 4), 1, 1.0)
+    history.observe(torch.tensor([0]), torch.ones(1, 4), torch.ones(1, 4), step=2, best=1.0)
+    settings = {"base": 0.05, "hopeless": None, "best": 1.0, "grace": 3, "floor": 0.05, "generations": 4}
+    keep = history_keep(history, torch.arange(3), **settings)
+    expected = posterior_keep(torch.tensor([7, 0]), torch.tensor([1, 4]), 4, 0.05)
+    assert_close(keep, torch.cat([expected, torch.ones(1, dtype=torch.float64)]))  # row 2 never seen: kept
+    history.observe(torch.tensor([0]), torch.tensor([[1.0, 0.0, 0.0, 0.0]]), torch.ones(1, 4), step=3, best=1.0)
+    assert history_keep(history, torch.tensor([0]), **settings).item() == 1.0  # informative last visit: kept
+    streak = PromptHistory(3)  # the streak rule on the same visits: the failing grace keeps row 1, base row 0
+    streak.observe(torch.tensor([0, 1]), torch.tensor([[1.0, 0.0, 1.0, 1.0], [0.0] * 4]), torch.ones(2, 4), 1)
+    streak.observe(torch.tensor([0]), torch.ones(1, 4), torch.ones(1, 4), step=2)
+    assert history_keep(streak, torch.arange(3), **settings).tolist() == [0.05, 1.0, 1.0]
 
 
 def test_a_million_prompts_fit_in_the_issues_64_megabytes():
@@ -561,11 +622,35 @@ def test_on_two_processes_skipping_only_uninformative_groups_makes_stock_trls_up
     assert_close(stock[0]["params"]["model.norm.weight"], stock[1]["params"]["model.norm.weight"])
 
 
+def test_the_posterior_rule_skips_solved_prompts_by_their_completions(tmp_path, tiny_model_dir):
+    """`prompt_skip_rule: posterior` on 16 prompts, half solved (all completions 1.0) and half informative: a solved
+    prompt seen once is kept with 0.44, so later batches hold fewer solved prompts; every completion is counted, at
+    the best reward (1.0) or below it; the informative ones are never skipped."""
+    trainer, reward = _train(tmp_path, tiny_model_dir, prompt_skip=True, prompt_skip_rule="posterior")
+    later = [s for solved, _ in reward.batches[4:] for s in solved[::4]]
+    assert sum(later) / len(later) < 0.5
+    history = trainer.features["prompt_skip"].skip.history
+    visits = torch.zeros(16, dtype=torch.long)
+    for _, rows in reward.batches:
+        visits[torch.tensor(rows[::4])] += 1
+    solved = torch.arange(16) % 2 == 0
+    assert history.successes[solved].tolist() == (4 * visits[solved]).tolist()
+    assert (history.successes[~solved] == 0).all()
+    assert history.failures[~solved].tolist() == (4 * visits[~solved]).tolist()
+    assert _skip_logs(trainer)[-1]["prompt_skip/skipped"] > 0
+    assert visits[~solved].tolist() == [2] * 8  # TRL's sampler draws each twice in 8 steps; none was skipped
+
+
 def test_a_config_asks_for_indexed_rows(tmp_path):
     with pytest.raises(ValueError, match=r"prompt_skip=True needs remove_unused_columns=False \(got True\)"):
         GRPOConfig(**small_grpo_kwargs(tmp_path), prompt_skip=True, remove_unused_columns=True)
     with pytest.raises(ValueError, match=r"need prompt_skip_min_keep \(0.5\) <= prompt_skip_initial_keep \(0.3\)"):
         GRPOConfig(**small_grpo_kwargs(tmp_path), prompt_skip_min_keep=0.5, prompt_skip_initial_keep=0.3)
+    with pytest.raises(ValueError, match=r"prompt_skip_rule must be one of .*streak.*posterior.*, got 'beta'"):
+        GRPOConfig(**small_grpo_kwargs(tmp_path), prompt_skip_rule="beta")
+    with pytest.raises(ValueError, match=r"prompt_skip_hopeless=True is a rule of prompt_skip_rule='streak' \(got "):
+        GRPOConfig(**small_grpo_kwargs(tmp_path), prompt_skip=True, prompt_skip_hopeless=True,
+                   prompt_skip_rule="posterior", remove_unused_columns=False)  # fmt: skip
 
 
 SKIPPING = {"prompt_skip": True, "prompt_skip_target": 0.0, "half_solved": True, "num_problems": 12}
@@ -573,6 +658,10 @@ SKIPPING = {"prompt_skip": True, "prompt_skip_target": 0.0, "half_solved": True,
 
 def test_resume_is_exact(tmp_path, tiny_model_dir):
     assert check_resume(SKIPPING, tmp_path, tiny_model_dir) == 0.0
+
+
+def test_resume_with_the_posterior_rule_is_exact(tmp_path, tiny_model_dir):
+    assert check_resume({**SKIPPING, "prompt_skip_rule": "posterior"}, tmp_path, tiny_model_dir) == 0.0
 
 
 def test_resume_with_refilling_is_exact(tmp_path, tiny_model_dir):

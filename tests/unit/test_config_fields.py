@@ -59,6 +59,7 @@ FIELDS = {
                                   "a finite number in (0, 1000000000] (a whole number from 1), or None"),
     "policy_group_fusion_anneal_steps": ([], [0], {}, "an integer >= 0"),
     "prompt_skip": ([], [True, False, "true", "no"], {"remove_unused_columns": False}, "true or false"),
+    "prompt_skip_rule": ([], ["streak", "posterior"], {}, "one of ['streak', 'posterior']"),
     "prompt_skip_target": ([], [0.0, 0.999], {}, "a finite number in [0, 1)"),
     "prompt_skip_initial_keep": ([], [1e-6, 1.0], {"prompt_skip_min_keep": 1e-6}, "a finite number in (0, 1]"),
     "prompt_skip_adapt_step": ([], [1e-6, 1.0], {}, "a finite number in (0, 1]"),

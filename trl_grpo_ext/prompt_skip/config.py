@@ -24,6 +24,13 @@ class PromptSkipFields:
     prompt_skip (`bool`, *optional*, defaults to `False`):
         Turn prompt skipping on. Needs a map-style training dataset (rows are indexed) and
         `remove_unused_columns=False`.
+    prompt_skip_rule (`str`, *optional*, defaults to `"streak"`):
+        How a prompt's own history gives its keep probability. `"streak"`: GRESO's, p^z as above, with the
+        failing grace, the target and `prompt_skip_hopeless`. `"posterior"`: from all its scored completions so far,
+        s at the best reward and f below it, the chance its next generation group gives signal, max(1 − q,
+        `prompt_skip_min_keep`), q = E[p^G + (1 − p)^G] under p ~ Beta(1 + s, 1 + f) (a prompt whose last visit
+        was informative is kept): no grace, target or adapted base, and a visit weighs by its completions
+        (`skipping.posterior_keep`).
     prompt_skip_target (`float`, *optional*, defaults to `0.25`):
         The share of uninformative generation groups in a generation batch that the base keep probability p is
         steered towards: lowered while the share is above, raised while below.
@@ -72,6 +79,14 @@ class PromptSkipFields:
         metadata={
             "help": "Skip, before generation, prompts whose recent generation groups were uninformative (all "
             "completions the same reward), after GRESO (arXiv:2506.02177)."
+        },
+    )
+    prompt_skip_rule: str = field(
+        default="streak",
+        metadata={
+            "help": "Keep probability from a prompt's history: streak (GRESO's p^z) or posterior (its chance of "
+            "signal from all its completions so far).",
+            "choices": ["streak", "posterior"],
         },
     )
     prompt_skip_target: float = field(
@@ -123,6 +138,11 @@ def check_prompt_skip_fields(args) -> None:
         raise ValueError(
             f"need prompt_skip_min_keep ({args.prompt_skip_min_keep}) <= prompt_skip_initial_keep "
             f"({args.prompt_skip_initial_keep})"
+        )
+    if args.prompt_skip_hopeless and args.prompt_skip_rule != "streak":
+        raise ValueError(
+            f"prompt_skip_hopeless=True is a rule of prompt_skip_rule='streak' (got {args.prompt_skip_rule!r}): the "
+            "posterior rule judges failing prompts from their completions already"
         )
     if args.prompt_skip_group_informative > 0 and args.prompt_skip_refill:
         raise ValueError(

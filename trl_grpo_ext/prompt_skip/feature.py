@@ -4,7 +4,8 @@
 By default (`prompt_skip_refill=False`) a skipped prompt is not replaced: TRL's sampler (or the policy groups) draws
 the generation batch as without skipping, and `skip_prompts` takes the skipped prompts out of it before generation,
 deciding on the whole draw (gathered over the processes, the same decisions everywhere). Each prompt is kept with its
-keep probability: from its history (`skipping.keep_probability`) when it was generated for before, else, with policy
+keep probability: from its history (`skipping.history_keep`: GRESO's streak, or the posterior of its completions
+with `prompt_skip_rule: posterior`) when it was generated for before, else, with policy
 groups, from its group's solved share (`skipping.first_visit_keep`); with policy groups, a prompt never informative
 keeps at most its group's `skipping.failing_group_keep` (a group none of whose prompts was ever informative). Skipped
 prompts are put back until every process holds the same number of completions, a whole number of micro-batches each
@@ -38,12 +39,12 @@ from .normalizer import normalizer_correction
 from .skipping import (
     adapt_base,
     count_evidence,
+    history_keep,
     hopeless_base,
     keep_for_layout,
     layout_quantum,
     prompt_keep_probability,
     static_cache_quantum,
-    streak_keep,
 )
 from .state import PromptSkipState
 
@@ -61,7 +62,8 @@ class PromptSkip(Feature):
         super().__init__(trainer)
         args = trainer.args
         self.refill = args.prompt_skip_refill
-        self.skip = PromptSkipState(len(trainer.train_dataset), args.prompt_skip_initial_keep, args.seed)
+        self.skip = PromptSkipState(len(trainer.train_dataset), args.prompt_skip_initial_keep, args.seed,
+                                    counts=args.prompt_skip_rule == "posterior")  # fmt: skip
         self._batch = None  # (gathered rewards per function (N, F), dataset rows (N,)) of this generation batch
         self._decisions = None  # refill: (the batch count it is for, its generator)
         self._skipped_in_batch = 0
@@ -92,6 +94,7 @@ class PromptSkip(Feature):
             groups=(groups.assignment, len(groups.names)) if by_group else None,
             first_visit=args.prompt_skip_first_visit,
             group_informative=args.prompt_skip_group_informative,
+            generations=self.trainer.num_generations,
         )
 
     def hopeless_base(self) -> float | None:
@@ -106,17 +109,16 @@ class PromptSkip(Feature):
         if self._decisions is None or self._decisions[0] != skip.batches:
             self._decisions = (skip.batches, skip.decision_generator())
         args = self.trainer.args
-        history = skip.history
         probability = float(
-            streak_keep(
-                history.streak[row],
-                history.value[row],
-                informed=history.informed[row],
-                best=skip.solved_at(),
+            history_keep(
+                skip.history,
+                torch.tensor([row]),
                 base=skip.base,
                 hopeless=self.hopeless_base(),
+                best=skip.solved_at(),
                 grace=args.prompt_skip_failing_grace,
                 floor=args.prompt_skip_min_keep,
+                generations=self.trainer.num_generations,
             )
         )
         if probability >= 1.0:
@@ -199,7 +201,8 @@ class PromptSkip(Feature):
             scored_rewards = rewards[~torch.isnan(rewards)]
             skip.best_reward = max(skip.best_reward, float(scored_rewards.max()))
             skip.worst_reward = min(skip.worst_reward, float(scored_rewards.min()))
-        equal = skip.history.observe(prompt_rows, rewards, lengths.view(-1, generations), trainer.state.global_step)
+        step = trainer.state.global_step
+        equal = skip.history.observe(prompt_rows, rewards, lengths.view(-1, generations), step, skip.solved_at())
         scored = ~torch.isnan(rewards).all(dim=1)
         skip.evidence = count_evidence(skip.evidence, before[0] & scored, before[1] & scored, scored & ~equal)
         share = float(equal[scored].double().mean()) if scored.any() else float("nan")

@@ -16,10 +16,11 @@ class PromptSkipState:
         num_rows: the training dataset's rows.
         base: the starting base keep probability.
         seed: the run's seed.
+        counts: keep each prompt's completion counts (`prompt_skip_rule: posterior`).
     """
 
-    def __init__(self, num_rows: int, base: float, seed: int):
-        self.history = PromptHistory(num_rows)
+    def __init__(self, num_rows: int, base: float, seed: int, counts: bool = False):
+        self.history = PromptHistory(num_rows, counts)
         self.base = base
         self.seed = seed
         self.batches = 0  # generation batches observed: seeds the keep decisions of the next one
@@ -44,7 +45,8 @@ class PromptSkipState:
         return len(self.history.streak)
 
     def nbytes(self) -> int:
-        """Bytes held: the history's 11 a prompt, and the rest of the current pass (int64 rows, up to 8 a prompt)."""
+        """Bytes held: the history's 12 a prompt (16 with the counts), and the rest of the current pass (int64 rows, up
+        to 8 a prompt)."""
         return self.history.nbytes() + self.order.numel() * self.order.element_size()
 
     def decision_generator(self) -> torch.Generator:
