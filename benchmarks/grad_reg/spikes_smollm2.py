@@ -12,11 +12,12 @@ integer, one group through a noisy judge), run as there (LoRA r 16, 8 prompts x 
 temperature 1, 40 steps, resumable, a final evaluation of every group) with a higher learning rate (`REGIMES`).
 Variants: `stock` (TRL's fixed clip, `max_grad_norm` 1.0), `zclip` (`grad_reg: zclip`, the README setting, its
 25-step warm-up), `zclip_warm5` (its warm-up 5 steps) and `no_clip` (`max_grad_norm` 0: every spike reaches the
-update). Reported per variant over seeds (`spike_report`): the largest gradient norm over the run's median one,
-the steps whose norm is more than 5 times the median, runs that diverged (a non-finite loss or gradient norm, or
-the last 5 steps' mean reward below half the best 5-step mean before it), the worst
-drop of the 5-step mean reward from its best earlier value, the final reward (mean of the last 5 steps) and the
-final evaluation's mean reward over the groups.
+update). Reported per variant over seeds (`spike_report`): the largest gradient norm over the run's median one (of
+the steps with a gradient: a step none of whose generation groups gave signal has a norm of 0), the step of the
+largest, the steps whose norm is more than 5 times the median, the steps without a gradient (`silent`), runs that
+diverged (a non-finite loss or gradient norm, or the last 5 steps' mean reward below half the best 5-step mean
+before it), the worst drop of the 5-step mean reward from its best earlier value, the final reward (mean of the last
+5 steps) and the final evaluation's mean reward over the groups.
 """
 
 import dataclasses
@@ -44,7 +45,8 @@ def spike_figures(result: dict) -> dict:
     rows = result["steps"]
     norms = [row.get("grad_norm", math.nan) for row in rows]
     finite = [n for n in norms if math.isfinite(n)]
-    median = statistics.median(finite) if finite else math.nan
+    moving = [n for n in finite if n > 0]  # a norm of 0: no generation group gave signal, nothing to scale against
+    median = statistics.median(moving) if moving else math.nan
     means = [statistics.fmean(row["reward"] for row in rows[i : i + 5]) for i in range(len(rows) - 4)]
     best, drop = -math.inf, 0.0
     for value in means:
@@ -53,20 +55,47 @@ def spike_figures(result: dict) -> dict:
     nonfinite = any(not math.isfinite(row.get("loss", 0.0)) for row in rows) or len(finite) < len(norms)
     collapsed = bool(means) and means[-1] < max(means) / 2
     evaluated = result.get("eval", {})
-    return {"max_over_median": max(finite) / median if finite else math.nan,
-            "spikes": sum(n > SPIKE * median for n in finite), "diverged": float(nonfinite or collapsed),
-            "worst_drop": drop, "final_reward": statistics.fmean(row["reward"] for row in rows[-5:]),
+    return {"max_over_median": max(moving) / median if moving else math.nan,
+            "peak_step": norms.index(max(moving)) + 1 if moving else None,  # one logged row a step, from step 1
+            "spikes": sum(n > SPIKE * median for n in moving), "silent": len(finite) - len(moving),
+            "diverged": float(nonfinite or collapsed), "worst_drop": drop,
+            "final_reward": statistics.fmean(row["reward"] for row in rows[-5:]),
             "evaluated": statistics.fmean(g["reward"] for g in evaluated.values()) if evaluated else None}  # fmt: skip
 
 
+# the other SmolLM2 benchmarks' runs (issue #70): (regime named in the report, results folder under benchmarks/)
+CENSUS = (("the arithmetic mix, learning rate 1e-4", "real_model/results"),
+          ("the words mix, learning rate 1e-4", "real_model/results/words"),
+          ("the narrow task, learning rate 1e-3", "entropy/results/collapse_smollm2/lr1e-3"),
+          ("5 epochs of 64 prompts, learning rate 1e-4", "prompt_skip/results/epochs_smollm2"))  # fmt: skip
+
+
+def spike_census(root: Path = RESULTS.parents[2]) -> list[str]:
+    """One line per regime of `CENSUS` that has runs: how many, the largest gradient norm over its run's median one
+    (`spike_figures`) among them, and the steps over `SPIKE` times the median, all runs together: whether stock TRL's
+    gradient norm spikes anywhere on SmolLM2 (it need not, where Adam's step is what diverges)."""
+    lines = []
+    for name, folder in CENSUS:
+        figures = [
+            spike_figures(json.loads(path.read_text())) for path in sorted((root / folder).glob("*_seed*.json"))
+        ]
+        figures = [f for f in figures if not math.isnan(f["max_over_median"])]
+        if figures:
+            largest, spikes = max(f["max_over_median"] for f in figures), sum(f["spikes"] for f in figures)
+            lines.append(f"{name}: {len(figures)} runs, largest norm {largest:.2f}x its run's median, {spikes} steps "
+                         f"over {SPIKE:g}x")  # fmt: skip
+    return lines
+
+
 def spike_report(regime: str) -> str:
-    """One line per variant of `regime` over the seeds it ran: each figure's mean±SE (diverged: a count)."""
+    """One line per variant of `regime` over the seeds it ran: each figure's mean±SE (diverged: a count; the step of
+    the largest norm: each seed's), then `spike_census`."""
     runs: dict[str, list[dict]] = {}
     for path in sorted(MIXES[regime].results.glob("*_seed*.json")):
         data = json.loads(path.read_text())
         runs.setdefault(data["variant"], []).append(spike_figures(data))
     lines = [f"# gradient spikes, regime {regime} {REGIMES[regime]}: mean±SE over seeds (diverged: runs)"]
-    keys = ("max_over_median", "spikes", "diverged", "worst_drop", "final_reward", "evaluated")
+    keys = ("max_over_median", "peak_step", "spikes", "silent", "diverged", "worst_drop", "final_reward", "evaluated")
     lines.append("variant | seeds | " + " | ".join(keys))
     for variant, figures in runs.items():
         cells = []
@@ -74,11 +103,16 @@ def spike_report(regime: str) -> str:
             values = [f[key] for f in figures if f[key] is not None and not math.isnan(f[key])]
             if key == "diverged":
                 cells.append(f"{int(sum(values))} of {len(figures)}")
+            elif key == "peak_step":
+                cells.append(", ".join(str(v) for v in values) or "-")
             elif len(values) > 1:
                 cells.append(f"{statistics.fmean(values):.3f}±{statistics.stdev(values) / len(values) ** 0.5:.3f}")
             else:
                 cells.append(f"{values[0]:.3f}" if values else "-")
         lines.append(f"{variant} | {len(figures)} | " + " | ".join(cells))
+    census = spike_census()
+    if census:
+        lines += ["# the gradient norms of the other SmolLM2 benchmarks' runs (every variant)", *census]
     return "\n".join(lines)
 
 

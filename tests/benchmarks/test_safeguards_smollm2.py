@@ -51,6 +51,7 @@ def test_spike_figures_count_spikes_drops_and_divergence():
     rows = [{"grad_norm": n, "reward": r, "loss": 0.0} for n, r in zip(norms, rewards, strict=True)]
     figures = spikes.spike_figures({"steps": rows, "eval": {"a": {"reward": 0.4}, "b": {"reward": 0.2}}})
     assert figures["max_over_median"] == pytest.approx(8.0) and figures["spikes"] == 1
+    assert figures["peak_step"] == 11 and figures["silent"] == 0
     assert figures["worst_drop"] == pytest.approx(0.7) and figures["final_reward"] == pytest.approx(0.2)
     assert figures["diverged"] == 1.0  # the last 5 steps' mean is below half the best
     assert figures["evaluated"] == pytest.approx(0.3)
@@ -58,6 +59,23 @@ def test_spike_figures_count_spikes_drops_and_divergence():
     assert spikes.spike_figures({"steps": healthy})["diverged"] == 0.0
     nan = healthy[:5] + [{"grad_norm": math.nan, "reward": 0.5, "loss": math.nan}] + healthy[:4]
     assert spikes.spike_figures({"steps": nan})["diverged"] == 1.0  # a non-finite loss or norm diverges
+    # a collapsed run: every group alike from step 6, its norm 0; the median is of the steps with a gradient
+    norms, rewards = [0.2, 0.4, 0.3, 1.6, 0.5] + [0.0] * 5, [0.3] * 5 + [0.0] * 5
+    silent = [{"grad_norm": n, "reward": r, "loss": 0.0} for n, r in zip(norms, rewards, strict=True)]
+    figures = spikes.spike_figures({"steps": silent})
+    assert figures["max_over_median"] == pytest.approx(1.6 / 0.4) and figures["peak_step"] == 4
+    assert (figures["silent"], figures["spikes"], figures["diverged"]) == (5, 0, 1.0)
+
+
+def test_the_spike_census_reads_each_regimes_runs_and_skips_an_empty_one(tmp_path):
+    folder = tmp_path / spikes.CENSUS[2][1]
+    folder.mkdir(parents=True)
+    for seed, peak in enumerate([2.0, 6.0]):
+        rows = [{"grad_norm": n, "reward": 0.5, "loss": 0.0} for n in [1.0] * 9 + [peak]]
+        (folder / f"stock_seed{seed}.json").write_text(json.dumps({"steps": rows}))
+    (folder / "stock.txt").write_text("not a run")
+    assert spikes.spike_census(tmp_path) == [f"{spikes.CENSUS[2][0]}: 2 runs, largest norm 6.00x its run's median, "
+                                             "1 steps over 5x"]  # fmt: skip
 
 
 def test_the_epochs_set_brings_its_64_prompts_back_five_times_in_40_steps():
@@ -80,8 +98,9 @@ def test_the_skip_bound_keeps_only_the_tokens_of_groups_that_disagreed():
     assert epochs.bound_tokens(result, 0.6, seen_first=2) == pytest.approx((2 + 3 * 0.5) * 10 * epochs.COMPLETIONS)
 
 
-def test_the_epochs_variants_are_stock_trl_the_readme_setting_and_the_group_test_with_trls_draw():
+def test_the_epochs_variants_are_stock_trl_the_readme_setting_the_group_test_and_the_posterior_rule():
     assert epochs.EPOCHS.variants["prompt_skip"] == {"prompt_skip": True}
+    assert epochs.EPOCHS.variants["posterior"] == {"prompt_skip": True, "prompt_skip_rule": "posterior"}
     groups = epochs.EPOCHS.variants["groups"]
     assert groups["policy_group_column"] == "task" and groups["policy_group_sampling"] == "uniform"
     assert groups["prompt_skip_group_informative"] == 0.2
@@ -95,8 +114,9 @@ def test_the_epochs_variants_are_stock_trl_the_readme_setting_and_the_group_test
         (spikes, "lr3e-3", "zclip"),
         (epochs, "epochs", "prompt_skip"),
         (epochs, "epochs", "groups"),
+        (epochs, "epochs", "posterior"),
     ],
-    ids=["entropy_collapse", "zclip_spikes", "prompt_skip_epochs", "prompt_skip_epochs_groups"],
+    ids=["entropy_collapse", "zclip_spikes", "prompt_skip_epochs", "prompt_skip_epochs_groups", "posterior_epochs"],
 )
 def test_each_script_runs_two_steps_of_its_readme_setting_on_the_tiny_model(module, mix, variant, capsys):
     mixes = {"epochs": epochs.EPOCHS} if module is epochs else module.MIXES
