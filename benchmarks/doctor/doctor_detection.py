@@ -291,6 +291,7 @@ REAL_MODEL_RESULTS = ("benchmarks/real_model/results", "benchmarks/real_model/re
                       "benchmarks/entropy/results/collapse_smollm2/*", "benchmarks/grad_reg/results/spikes_smollm2/*",
                       "benchmarks/prompt_skip/results/epochs_smollm2")  # fmt: skip
 AMBIGUOUS = 0.90  # a share of agreeing generation groups in [this, zero_std_frac): no signal or not, either verdict
+ENTROPY_BAND = 0.2  # an end entropy within this share of the collapse threshold, either side: collapsed or not
 
 
 def generation_groups_agreeing(result: dict, num_generations: int = 4) -> dict[str, list[bool]]:
@@ -313,7 +314,8 @@ def real_model_labels(result: dict) -> tuple[list[str], list[str]]:
     that, is accepted either way: one lucky answer in 20 tells little);
     `truncation` where at least `truncated_frac` of the completions were cut over the run's second half, no fewer
     than (1 - `truncated_fall`) x the first half's share; `entropy_collapse` where the mean entropy of the last 5
-    steps is at most `entropy_collapse_ratio` of the first 3 steps' (the doctor's start); healthy otherwise."""
+    steps is at most `entropy_collapse_ratio` of the first 3 steps' (the doctor's start), accepted either way within
+    `ENTROPY_BAND` of that threshold (the doctor judges a window's mean, not the last 5 steps'); healthy otherwise."""
     from trl_grpo_ext.doctor.thresholds import value
 
     labels, maybe = [], []
@@ -336,8 +338,12 @@ def real_model_labels(result: dict) -> tuple[list[str], list[str]]:
     if second >= value("truncated_frac") and second >= (1 - value("truncated_fall")) * first:
         labels.append("truncation")
     entropy = [row["entropy"] for row in result["steps"] if "entropy" in row]
-    if len(entropy) >= 10 and np.mean(entropy[-5:]) <= value("entropy_collapse_ratio") * np.mean(entropy[:3]):
-        labels.append("entropy_collapse")
+    if len(entropy) >= 10:
+        share = np.mean(entropy[-5:]) / (value("entropy_collapse_ratio") * np.mean(entropy[:3]))
+        if share <= 1 - ENTROPY_BAND:
+            labels.append("entropy_collapse")
+        elif share <= 1 + ENTROPY_BAND:
+            maybe.append("entropy_collapse")
     return labels, maybe
 
 

@@ -87,6 +87,19 @@ def spike_census(root: Path = RESULTS.parents[2]) -> list[str]:
     return lines
 
 
+def zclip_first_clip(result: dict, warmup: int) -> int | None:
+    """The first step at which ZClip (the README's alpha 0.97 and z-threshold 2.5, `warmup` steps of warm-up) would
+    clip a run's logged gradient norms, or None: up to that step a ZClip run makes that run's updates, so a run it
+    never clips is the run ZClip would make (each SmolLM2 run here is deterministic)."""
+    from trl_grpo_ext.grad_reg.clipping import ZClip
+
+    zclip = ZClip(0.97, 2.5, warmup)
+    for step, row in enumerate(result["steps"], start=1):
+        if zclip.step(row["grad_norm"])[0] is not None:
+            return step
+    return None
+
+
 def spike_report(regime: str) -> str:
     """One line per variant of `regime` over the seeds it ran: each figure's mean±SE (diverged: a count; the step of
     the largest norm: each seed's), then `spike_census`."""
@@ -110,6 +123,12 @@ def spike_report(regime: str) -> str:
             else:
                 cells.append(f"{values[0]:.3f}" if values else "-")
         lines.append(f"{variant} | {len(figures)} | " + " | ".join(cells))
+    for path in sorted(MIXES[regime].results.glob("stock_seed*.json")):
+        data = json.loads(path.read_text())
+        steps = {warmup: zclip_first_clip(data, warmup) for warmup in (25, 5)}
+        first = {warmup: "never" if step is None else f"step {step}" for warmup, step in steps.items()}
+        lines.append(f"ZClip replayed on stock TRL's seed {data['seed']} norms: first clip {first[25]} with 25 "
+                     f"warm-up steps, {first[5]} with 5")  # fmt: skip
     census = spike_census()
     if census:
         lines += ["# the gradient norms of the other SmolLM2 benchmarks' runs (every variant)", *census]

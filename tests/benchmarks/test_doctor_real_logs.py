@@ -51,3 +51,18 @@ def test_a_run_that_ends_solved_is_labelled_without_signal_from_its_last_steps()
     assert detection.real_model_labels(ends(36)) == (["no_signal"], [])
     # over steps 37-40 only, and step 36 split: the last 5 steps are not all in the state
     assert detection.real_model_labels(ends(37)) == ([], [])
+
+
+def test_an_entropy_near_the_collapse_line_is_accepted_either_way():
+    """The last 5 steps' mean entropy over the first 3 steps': at most 8% (0.8 x the 10% line) a collapse, 8-12%
+    either verdict (the doctor's window mean differs from the last 5 steps' by up to that much), above 12% none."""
+
+    def ends_at(share: float) -> dict:
+        entropy = [2.0] * 3 + [1.0] * 32 + [2.0 * share] * 5
+        return {"rewards": [{"step": step, "rewards": {"easy": [0.0, 1.0, 0.0, 1.0]}} for step in range(1, 41)],
+                "steps": [{"completions/clipped_ratio": 0.0, "entropy": e} for e in entropy]}  # fmt: skip
+
+    assert detection.real_model_labels(ends_at(0.07)) == (["entropy_collapse"], [])
+    assert detection.real_model_labels(ends_at(0.09)) == ([], ["entropy_collapse"])
+    assert detection.real_model_labels(ends_at(0.115)) == ([], ["entropy_collapse"])
+    assert detection.real_model_labels(ends_at(0.13)) == ([], [])

@@ -67,6 +67,13 @@ def test_spike_figures_count_spikes_drops_and_divergence():
     assert (figures["silent"], figures["spikes"], figures["diverged"]) == (5, 0, 1.0)
 
 
+def test_zclip_replayed_on_logged_norms_clips_where_a_zclip_run_first_would():
+    # 10 steady norms then one 5x: the z-score passes 2.5 only once the warm-up has ended before it
+    rows = [{"grad_norm": 1.0 + 0.01 * (i % 2)} for i in range(10)] + [{"grad_norm": 5.0}]
+    assert spikes.zclip_first_clip({"steps": rows}, 5) == 11
+    assert spikes.zclip_first_clip({"steps": rows}, 25) is None  # still warming up
+
+
 def test_the_spike_census_reads_each_regimes_runs_and_skips_an_empty_one(tmp_path):
     folder = tmp_path / spikes.CENSUS[2][1]
     folder.mkdir(parents=True)
